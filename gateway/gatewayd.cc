@@ -1,0 +1,75 @@
+// silt-gateway: parses flags, starts the gateway, waits for SIGINT/SIGTERM.
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "gateway/gateway.h"
+#include "silt/version.h"
+
+int main(int argc, char** argv) {
+  silt::gateway::Options o;
+  CLI::App app{"silt-gateway: the Silt API gateway (OpenFaaS-compatible REST API)"};
+  app.set_version_flag("--version", std::string(silt::kVersion) + " " + silt::kGitSha);
+  app.add_option("--listen", o.listen, "HTTP API address ADDR:PORT (port 0 picks one)")
+      ->capture_default_str();
+  app.add_option("--metrics-listen", o.metrics_listen, "Prometheus metrics address")
+      ->capture_default_str();
+  app.add_option("--data-dir", o.data_dir, "Directory for the store and credentials")
+      ->required();
+  bool no_auth = false;
+  app.add_flag("--no-auth", no_auth, "Disable basic auth on /system/* (local development)");
+  app.add_option("--threads", o.threads, "I/O threads (0 = one per core)");
+  size_t max_body_mib = o.max_system_body_bytes >> 20;
+  app.add_option("--max-body-mib", max_body_mib, "Largest /system/* request body, MiB")
+      ->capture_default_str();
+  int read_timeout_s = 60, write_timeout_s = 60;
+  app.add_option("--read-timeout", read_timeout_s, "Seconds to receive a request")
+      ->capture_default_str();
+  app.add_option("--write-timeout", write_timeout_s, "Seconds to send a response")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  o.auth = !no_auth;
+  o.max_system_body_bytes = max_body_mib << 20;
+  o.read_timeout = std::chrono::seconds(read_timeout_s);
+  o.write_timeout = std::chrono::seconds(write_timeout_s);
+
+  // Block the stop signals before any thread starts so only the waiter below sees them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto gw = silt::gateway::Gateway::Start(o);
+  if (!gw.ok()) {
+    std::cerr << "silt-gateway: " << gw.status().message() << std::endl;
+    return 1;
+  }
+  std::string url = "http://" + (*gw)->listen_address();
+  if (o.auth) {
+    std::cout << "basic auth: user admin, password in " << (*gw)->password_file()
+              << ((*gw)->credentials_generated() ? " (generated now)" : "") << "\n"
+              << "log in with: cat " << (*gw)->password_file()
+              << " | silt login --username admin --password-stdin --gateway " << url
+              << "\n";
+  } else {
+    std::cout << "basic auth disabled (--no-auth)\n";
+  }
+  std::cout << "metrics on " << (*gw)->metrics_address() << "\n";
+  std::cout << "listening on " << (*gw)->listen_address() << std::endl;
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop, &sig);
+    std::cout << "silt-gateway: signal " << sig << ", shutting down" << std::endl;
+    (*gw)->Shutdown();
+  });
+  (*gw)->Wait();
+  waiter.join();  // Shutdown is only called by the waiter, so it has returned
+  gw->reset();
+  return 0;
+}

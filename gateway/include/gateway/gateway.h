@@ -1,0 +1,53 @@
+// silt-gateway: the OpenFaaS-compatible HTTP API (and metrics) over the embedded store.
+#ifndef SILT_GATEWAY_GATEWAY_H_
+#define SILT_GATEWAY_GATEWAY_H_
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace silt::gateway {
+
+struct Options {
+  std::string listen = "127.0.0.1:8080";
+  std::string metrics_listen = ":8082";
+  std::string data_dir;
+  bool auth = true;
+  int threads = 0;  // 0 = one per core, at least 2
+  size_t max_system_body_bytes = 10 << 20;
+  size_t max_function_body_bytes = 32 << 20;
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
+  std::chrono::milliseconds write_timeout{std::chrono::seconds(60)};
+};
+
+class Gateway {
+ public:
+  // Opens the store, loads or creates the credentials, binds both ports and starts
+  // serving on its own threads.
+  static absl::StatusOr<std::unique_ptr<Gateway>> Start(const Options& options);
+  ~Gateway();  // stops serving and closes the store
+
+  // The bound addresses as ADDR:PORT (the real port when 0 was asked for).
+  std::string listen_address() const;
+  std::string metrics_address() const;
+  // The file holding the basic-auth password, empty with auth off.
+  std::string password_file() const;
+  bool credentials_generated() const;
+
+  // Blocks until Shutdown() is called (from any thread or a signal handler thread).
+  void Wait();
+  void Shutdown();
+
+ private:
+  struct Impl;
+  explicit Gateway(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace silt::gateway
+
+#endif  // SILT_GATEWAY_GATEWAY_H_

@@ -1,0 +1,88 @@
+// The OpenFaaS HTTP API of the gateway: routing, auth and every /system, /function and
+// /async-function route, over the store. Beast-free: takes and returns plain values.
+#ifndef SILT_GATEWAY_API_H_
+#define SILT_GATEWAY_API_H_
+
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "auth.h"
+#include "http_types.h"
+#include "metrics.h"
+#include "openfaas_types.h"
+#include "store/store.h"
+
+namespace silt::gateway {
+
+inline constexpr absl::string_view kDefaultNamespace = "openfaas-fn";
+
+struct ApiOptions {
+  bool auth_enabled = true;
+  Credentials credentials;
+  size_t max_system_body_bytes = 10 << 20;
+  size_t max_function_body_bytes = 32 << 20;
+};
+
+// The one place a Status becomes an HTTP answer.
+int HttpStatusFor(const absl::Status& s);
+HttpResponse ErrorResponse(const absl::Status& s);
+
+// Function and namespace names: lowercase RFC 1123 labels (what containerd ids and
+// Kubernetes accept), at most 63 characters.
+absl::Status ValidateName(absl::string_view kind, absl::string_view name);
+
+class Api {
+ public:
+  Api(store::Store* store, Metrics* metrics, ApiOptions options);
+
+  // The main port (:8080).
+  HttpResponse Handle(const HttpRequest& req);
+  // The metrics port (:8082): /metrics and /healthz.
+  HttpResponse HandleMetricsPort(const HttpRequest& req);
+  size_t BodyLimit(absl::string_view path) const;
+
+ private:
+  absl::StatusOr<HttpResponse> Route(const HttpRequest& req, std::string& route);
+
+  absl::StatusOr<HttpResponse> ListFunctions(const HttpRequest& req);
+  absl::StatusOr<HttpResponse> DeployFunction(const HttpRequest& req, bool update);
+  absl::StatusOr<HttpResponse> DeleteFunction(const HttpRequest& req);
+  absl::StatusOr<HttpResponse> GetFunction(const HttpRequest& req,
+                                           absl::string_view name);
+  absl::StatusOr<HttpResponse> ScaleFunction(const HttpRequest& req,
+                                             absl::string_view name);
+  absl::StatusOr<HttpResponse> Info();
+  absl::StatusOr<HttpResponse> ListNamespaces();
+  absl::StatusOr<HttpResponse> Namespace(const HttpRequest& req,
+                                         absl::string_view ns);
+  absl::StatusOr<HttpResponse> ListSecrets(const HttpRequest& req);
+  absl::StatusOr<HttpResponse> WriteSecret(const HttpRequest& req, bool update);
+  absl::StatusOr<HttpResponse> DeleteSecret(const HttpRequest& req);
+  absl::StatusOr<HttpResponse> Logs(const HttpRequest& req);
+  absl::StatusOr<HttpResponse> Invoke(const HttpRequest& req, bool async,
+                                      absl::string_view name_and_ns);
+
+  // Namespace from the body value, else the ?namespace= query, else the default; it must
+  // exist and carry the openfaas=1 label.
+  absl::StatusOr<std::string> ResolveNamespace(absl::string_view from_body,
+                                               const HttpRequest& req) const;
+  absl::Status CheckNamespace(absl::string_view ns) const;
+  absl::StatusOr<FunctionDeployment> LoadDeployment(
+      const store::FunctionRecord& rec) const;
+  nlohmann::ordered_json StatusJson(const store::FunctionRecord& rec,
+                                    const FunctionDeployment& d) const;
+
+  store::Store* store_;
+  Metrics* metrics_;
+  ApiOptions options_;
+  // Serialises read-check-write sequences (deploy, update, scale, namespace removal).
+  std::mutex write_mu_;
+};
+
+}  // namespace silt::gateway
+
+#endif  // SILT_GATEWAY_API_H_

@@ -1,0 +1,127 @@
+#include "absl/strings/string_view.h"
+#include "gateway/gateway.h"
+
+#include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
+
+#include <boost/asio/io_context.hpp>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "api.h"
+#include "http_server.h"
+#include "store/store.h"
+
+namespace silt::gateway {
+
+struct Gateway::Impl {
+  Options options;
+  std::unique_ptr<store::Store> store;
+  Metrics metrics;
+  std::unique_ptr<Api> api;
+  Credentials credentials;
+
+  boost::asio::io_context ioc;
+  std::unique_ptr<HttpServer> server;
+  std::unique_ptr<HttpServer> metrics_server;
+  std::vector<std::thread> threads;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+
+  ~Impl() {
+    if (server) server->Close();
+    if (metrics_server) metrics_server->Close();
+    ioc.stop();
+    for (auto& t : threads) t.join();
+  }
+};
+
+Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Gateway::~Gateway() = default;
+
+absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const Options& options) {
+  if (options.data_dir.empty())
+    return absl::InvalidArgumentError("--data-dir is required");
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create data dir ", options.data_dir, ": ", ec.message()));
+  }
+  auto store = store::Store::Open({.path = options.data_dir + "/store"});
+  if (!store.ok()) return store.status();
+  impl->store = *std::move(store);
+
+  ApiOptions api_options;
+  api_options.auth_enabled = options.auth;
+  api_options.max_system_body_bytes = options.max_system_body_bytes;
+  api_options.max_function_body_bytes = options.max_function_body_bytes;
+  if (options.auth) {
+    auto creds = LoadOrCreateCredentials(options.data_dir + "/secrets");
+    if (!creds.ok()) return creds.status();
+    impl->credentials = *creds;
+    api_options.credentials = *std::move(creds);
+  }
+  impl->api = std::make_unique<Api>(impl->store.get(), &impl->metrics,
+                                    std::move(api_options));
+
+  Api* api = impl->api.get();
+  HttpServerOptions http;
+  http.body_limit = [api](absl::string_view path) { return api->BodyLimit(path); };
+  http.header_timeout = options.read_timeout;
+  http.body_timeout = options.read_timeout;
+  http.write_timeout = options.write_timeout;
+  auto server = HttpServer::Listen(
+      impl->ioc, options.listen, http,
+      [api](HttpRequest req, Reply reply) { reply(api->Handle(req)); });
+  if (!server.ok()) return server.status();
+  impl->server = *std::move(server);
+
+  HttpServerOptions metrics_http = http;
+  metrics_http.body_limit = [](absl::string_view) -> size_t { return 64 << 10; };
+  auto metrics_server = HttpServer::Listen(
+      impl->ioc, options.metrics_listen, metrics_http,
+      [api](HttpRequest req, Reply reply) { reply(api->HandleMetricsPort(req)); });
+  if (!metrics_server.ok()) return metrics_server.status();
+  impl->metrics_server = *std::move(metrics_server);
+
+  int n = options.threads > 0
+              ? options.threads
+              : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+  for (int i = 0; i < n; ++i) {
+    impl->threads.emplace_back([ioc = &impl->ioc] { ioc->run(); });
+  }
+  return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
+}
+
+std::string Gateway::listen_address() const {
+  return FormatEndpoint(impl_->server->local_endpoint());
+}
+std::string Gateway::metrics_address() const {
+  return FormatEndpoint(impl_->metrics_server->local_endpoint());
+}
+std::string Gateway::password_file() const { return impl_->credentials.password_file; }
+bool Gateway::credentials_generated() const { return impl_->credentials.generated; }
+
+void Gateway::Wait() {
+  std::unique_lock<std::mutex> l(impl_->mu);
+  impl_->cv.wait(l, [this] { return impl_->stopping; });
+}
+
+void Gateway::Shutdown() {
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+}
+
+}  // namespace silt::gateway

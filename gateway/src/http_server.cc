@@ -1,0 +1,282 @@
+#include "absl/strings/string_view.h"
+#include "http_server.h"
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <optional>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace silt::gateway {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+// What every connection of one server shares; kept alive by the connections themselves.
+struct Shared {
+  HttpServerOptions options;
+  Handler handler;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket&& socket, std::shared_ptr<const Shared> shared)
+      : stream_(std::move(socket)),
+        shared_(std::move(shared)),
+        options_(shared_->options),
+        handler_(shared_->handler) {
+    beast::error_code ec;
+    auto ep = stream_.socket().remote_endpoint(ec);
+    if (!ec) remote_ = FormatEndpoint(ep);
+  }
+
+  void Start() {
+    asio::dispatch(stream_.get_executor(),
+                   [self = shared_from_this()] { self->ReadHeader(); });
+  }
+
+ private:
+  void ReadHeader() {
+    parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(options_.header_limit));
+    parser_->body_limit(std::numeric_limits<uint64_t>::max());
+    stream_.expires_after(options_.header_timeout);
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) {
+          self->OnHeader(ec);
+        });
+  }
+
+  void OnHeader(beast::error_code ec) {
+    if (ec) return FailRead(ec);
+    auto& req = parser_->get();
+    absl::string_view target(req.target().data(), req.target().size());
+    absl::string_view path = target.substr(0, target.find('?'));
+    body_limit_ = options_.body_limit ? options_.body_limit(path)
+                                      : std::numeric_limits<size_t>::max();
+    if (auto len = parser_->content_length(); len && *len > body_limit_) {
+      return SendAndClose(TooLarge());
+    }
+    parser_->body_limit(body_limit_);
+    if (beast::iequals(req[http::field::expect], "100-continue")) {
+      auto cont = std::make_shared<http::response<http::empty_body>>(
+          http::status::continue_, req.version());
+      stream_.expires_after(options_.write_timeout);
+      http::async_write(stream_, *cont,
+                        [self = shared_from_this(), cont](beast::error_code ec,
+                                                          size_t) {
+                          if (ec) return self->Close();
+                          self->ReadBody();
+                        });
+      return;
+    }
+    ReadBody();
+  }
+
+  void ReadBody() {
+    stream_.expires_after(options_.body_timeout);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->OnBody(ec);
+                     });
+  }
+
+  void OnBody(beast::error_code ec) {
+    if (ec == http::error::body_limit) return SendAndClose(TooLarge());
+    if (ec) return FailRead(ec);
+    stream_.expires_never();
+    auto& msg = parser_->get();
+    HttpRequest req;
+    req.method = std::string(msg.method_string());
+    req.target = std::string(msg.target());
+    size_t q = req.target.find('?');
+    req.path = req.target.substr(0, q);
+    if (q != std::string::npos) req.query = req.target.substr(q + 1);
+    for (const auto& f : msg) {
+      req.headers.emplace_back(std::string(f.name_string()),
+                               std::string(f.value()));
+    }
+    req.body = std::move(msg.body());
+    req.remote = remote_;
+    req.version = msg.version();
+    keep_alive_ = msg.keep_alive();
+    version_ = msg.version();
+    head_ = msg.method() == http::verb::head;
+    parser_.reset();
+
+    // The handler may answer from any thread: hop back onto this connection's strand.
+    handler_(std::move(req),
+             [self = shared_from_this()](HttpResponse res) {
+               asio::dispatch(self->stream_.get_executor(),
+                              [self, res = std::move(res)]() mutable {
+                                self->Write(std::move(res), self->keep_alive_);
+                              });
+             });
+  }
+
+  void FailRead(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
+        ec == beast::error::timeout || ec == asio::error::operation_aborted ||
+        ec == asio::error::connection_reset) {
+      return Close();
+    }
+    if (ec.category() == http::make_error_code(http::error::bad_target).category() ||
+        ec == http::error::header_limit) {
+      // Malformed or oversized request head: answer once, close only this connection.
+      int status = ec == http::error::header_limit ? 431 : 400;
+      return SendAndClose(HttpResponse::Text(
+          status, absl::StrCat("malformed HTTP request: ", ec.message())));
+    }
+    Close();
+  }
+
+  HttpResponse TooLarge() const {
+    return HttpResponse::Text(
+        413, absl::StrCat("request body too large: the limit for this route is ",
+                          body_limit_, " bytes"));
+  }
+
+  void SendAndClose(HttpResponse res) {
+    parser_.reset();
+    Write(std::move(res), /*keep_alive=*/false);
+  }
+
+  void Write(HttpResponse res, bool keep_alive) {
+    auto msg = std::make_shared<http::response<http::string_body>>();
+    msg->version(version_);
+    msg->result(static_cast<unsigned>(res.status));
+    for (auto& [k, v] : res.headers) msg->insert(k, v);
+    msg->body() = std::move(res.body);
+    msg->keep_alive(keep_alive);
+    msg->prepare_payload();
+    if (head_) msg->body().clear();  // Content-Length stays that of the GET body.
+    stream_.expires_after(options_.write_timeout);
+    http::async_write(
+        stream_, *msg,
+        [self = shared_from_this(), msg, keep_alive](beast::error_code ec,
+                                                     size_t) {
+          if (ec || !keep_alive) return self->Close();
+          self->head_ = false;
+          self->ReadHeader();
+        });
+  }
+
+  void Close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.socket().close(ec);
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::shared_ptr<const Shared> shared_;
+  const HttpServerOptions& options_;
+  const Handler& handler_;
+  std::string remote_;
+  size_t body_limit_ = 0;
+  bool keep_alive_ = true;
+  bool head_ = false;
+  unsigned version_ = 11;
+};
+
+}  // namespace
+
+struct HttpServer::Listener : std::enable_shared_from_this<Listener> {
+  Listener(asio::io_context& ioc, HttpServerOptions o, Handler h)
+      : ioc(ioc),
+        acceptor(asio::make_strand(ioc)),
+        shared(std::make_shared<Shared>(Shared{std::move(o), std::move(h)})) {}
+
+  void Accept() {
+    acceptor.async_accept(
+        asio::make_strand(ioc),
+        [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+          if (ec == asio::error::operation_aborted || !self->acceptor.is_open())
+            return;
+          if (!ec) {
+            socket.set_option(tcp::no_delay(true), ec);
+            std::make_shared<Session>(std::move(socket), self->shared)->Start();
+          }
+          self->Accept();
+        });
+  }
+
+  asio::io_context& ioc;
+  tcp::acceptor acceptor;
+  std::shared_ptr<const Shared> shared;
+};
+
+absl::StatusOr<tcp::endpoint> ParseListenAddress(absl::string_view addr) {
+  size_t colon = addr.rfind(':');
+  if (colon == absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "listen address \"", addr, "\" must be ADDR:PORT, :PORT or [V6]:PORT"));
+  }
+  absl::string_view host = addr.substr(0, colon);
+  uint32_t port = 0;
+  if (!absl::SimpleAtoi(addr.substr(colon + 1), &port) || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen address \"", addr, "\": bad port"));
+  }
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  if (host.empty()) host = "0.0.0.0";
+  if (host == "localhost") host = "127.0.0.1";
+  beast::error_code ec;
+  auto ip = asio::ip::make_address(std::string(host), ec);
+  if (ec) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "listen address \"", addr, "\": \"", host, "\" is not an IP address"));
+  }
+  return tcp::endpoint(ip, static_cast<uint16_t>(port));
+}
+
+std::string FormatEndpoint(const tcp::endpoint& ep) {
+  if (ep.address().is_v6())
+    return absl::StrCat("[", ep.address().to_string(), "]:", ep.port());
+  return absl::StrCat(ep.address().to_string(), ":", ep.port());
+}
+
+HttpServer::HttpServer(std::shared_ptr<Listener> l) : listener_(std::move(l)) {}
+HttpServer::~HttpServer() { Close(); }
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Listen(
+    asio::io_context& ioc, absl::string_view listen, HttpServerOptions options,
+    Handler handler) {
+  auto ep = ParseListenAddress(listen);
+  if (!ep.ok()) return ep.status();
+  auto l = std::make_shared<Listener>(ioc, std::move(options), std::move(handler));
+  beast::error_code ec;
+  l->acceptor.open(ep->protocol(), ec);
+  if (!ec) l->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) l->acceptor.bind(*ep, ec);
+  if (!ec) l->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen, ": ", ec.message()));
+  }
+  l->Accept();
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(l)));
+}
+
+tcp::endpoint HttpServer::local_endpoint() const {
+  beast::error_code ec;
+  return listener_->acceptor.local_endpoint(ec);
+}
+
+void HttpServer::Close() {
+  asio::post(listener_->acceptor.get_executor(), [l = listener_] {
+    beast::error_code ec;
+    l->acceptor.close(ec);
+  });
+}
+
+}  // namespace silt::gateway

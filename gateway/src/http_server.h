@@ -1,0 +1,56 @@
+// An HTTP/1.1 server on Boost.Beast: one acceptor, one strand per connection, all on a
+// caller-owned io_context. Private to the gateway (only gateway.cc includes it).
+#ifndef SILT_GATEWAY_HTTP_SERVER_H_
+#define SILT_GATEWAY_HTTP_SERVER_H_
+
+#include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "http_types.h"
+
+namespace silt::gateway {
+
+struct HttpServerOptions {
+  // Largest request body accepted for a request path; larger → 413, connection closed.
+  std::function<size_t(absl::string_view path)> body_limit;
+  size_t header_limit = 64 * 1024;
+  // Time allowed to receive a request's headers (also the keep-alive idle timeout), to
+  // receive its body, and to send a response.
+  std::chrono::milliseconds header_timeout{std::chrono::seconds(60)};
+  std::chrono::milliseconds body_timeout{std::chrono::seconds(60)};
+  std::chrono::milliseconds write_timeout{std::chrono::seconds(60)};
+};
+
+// "ADDR:PORT", ":PORT" (all interfaces) or "[V6]:PORT".
+absl::StatusOr<boost::asio::ip::tcp::endpoint> ParseListenAddress(
+    absl::string_view addr);
+std::string FormatEndpoint(const boost::asio::ip::tcp::endpoint& ep);
+
+class HttpServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Listen(
+      boost::asio::io_context& ioc, absl::string_view listen,
+      HttpServerOptions options, Handler handler);
+  ~HttpServer();
+
+  boost::asio::ip::tcp::endpoint local_endpoint() const;
+  // Stops accepting; open connections finish their current exchange.
+  void Close();
+
+ private:
+  struct Listener;
+  explicit HttpServer(std::shared_ptr<Listener> l);
+  std::shared_ptr<Listener> listener_;
+};
+
+}  // namespace silt::gateway
+
+#endif  // SILT_GATEWAY_HTTP_SERVER_H_

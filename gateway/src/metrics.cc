@@ -1,0 +1,128 @@
+#include "absl/strings/string_view.h"
+#include "metrics.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace silt::gateway {
+namespace {
+
+std::string Escape(absl::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::string Num(double v) { return absl::StrFormat("%.17g", v); }
+
+}  // namespace
+
+void Metrics::Histogram::Observe(double v) {
+  for (size_t i = 0; i < kBuckets.size(); ++i) {
+    if (v <= kBuckets[i]) ++buckets[i];
+  }
+  ++count;
+  sum += v;
+}
+
+void Metrics::InvocationStarted(absl::string_view function) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = started_.find(function);
+  if (it == started_.end()) it = started_.emplace(std::string(function), 0).first;
+  ++it->second;
+}
+
+void Metrics::InvocationDone(absl::string_view function, int code,
+                             double seconds) {
+  std::lock_guard<std::mutex> l(mu_);
+  Key k{std::string(function), std::to_string(code)};
+  ++invocations_[k];
+  function_seconds_[k].Observe(seconds);
+}
+
+void Metrics::HttpRequest(absl::string_view method, absl::string_view route,
+                          int code, double seconds) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::array<std::string, 3> k{std::to_string(code), std::string(method),
+                               std::string(route)};
+  ++http_total_[k];
+  http_seconds_[k].Observe(seconds);
+}
+
+double Metrics::InvocationCount(absl::string_view function) const {
+  std::lock_guard<std::mutex> l(mu_);
+  double total = 0;
+  for (auto it = invocations_.lower_bound(Key{std::string(function), ""});
+       it != invocations_.end() && it->first.first == function; ++it) {
+    total += static_cast<double>(it->second);
+  }
+  return total;
+}
+
+std::string Metrics::Render(
+    const std::map<std::string, uint64_t>& replicas) const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string out;
+  auto histogram = [&out](absl::string_view name, absl::string_view labels,
+                          const Histogram& h) {
+    for (size_t i = 0; i < kBuckets.size(); ++i) {
+      absl::StrAppend(&out, name, "_bucket{", labels, ",le=\"", Num(kBuckets[i]),
+                      "\"} ", h.buckets[i], "\n");
+    }
+    absl::StrAppend(&out, name, "_bucket{", labels, ",le=\"+Inf\"} ", h.count,
+                    "\n", name, "_sum{", labels, "} ", Num(h.sum), "\n", name,
+                    "_count{", labels, "} ", h.count, "\n");
+  };
+
+  out += "# HELP gateway_function_invocation_total Function metrics\n";
+  out += "# TYPE gateway_function_invocation_total counter\n";
+  for (const auto& [k, v] : invocations_) {
+    absl::StrAppend(&out, "gateway_function_invocation_total{code=\"", k.second,
+                    "\",function_name=\"", Escape(k.first), "\"} ", v, "\n");
+  }
+  out += "# HELP gateway_functions_seconds Function time taken\n";
+  out += "# TYPE gateway_functions_seconds histogram\n";
+  for (const auto& [k, h] : function_seconds_) {
+    histogram("gateway_functions_seconds",
+              absl::StrCat("code=\"", k.second, "\",function_name=\"",
+                           Escape(k.first), "\""),
+              h);
+  }
+  out += "# HELP gateway_function_invocation_started Function invocation started\n";
+  out += "# TYPE gateway_function_invocation_started counter\n";
+  for (const auto& [f, v] : started_) {
+    absl::StrAppend(&out, "gateway_function_invocation_started{function_name=\"",
+                    Escape(f), "\"} ", v, "\n");
+  }
+  out += "# HELP gateway_service_count Current count of replicas for function\n";
+  out += "# TYPE gateway_service_count gauge\n";
+  for (const auto& [f, v] : replicas) {
+    absl::StrAppend(&out, "gateway_service_count{function_name=\"", Escape(f),
+                    "\"} ", v, "\n");
+  }
+  out += "# HELP provider_http_requests_total Total HTTP requests processed\n";
+  out += "# TYPE provider_http_requests_total counter\n";
+  for (const auto& [k, v] : http_total_) {
+    absl::StrAppend(&out, "provider_http_requests_total{code=\"", k[0],
+                    "\",method=\"", k[1], "\",path=\"", Escape(k[2]), "\"} ", v,
+                    "\n");
+  }
+  out += "# HELP provider_http_request_duration_seconds Seconds spent serving HTTP requests\n";
+  out += "# TYPE provider_http_request_duration_seconds histogram\n";
+  for (const auto& [k, h] : http_seconds_) {
+    histogram("provider_http_request_duration_seconds",
+              absl::StrCat("code=\"", k[0], "\",method=\"", k[1], "\",path=\"",
+                           Escape(k[2]), "\""),
+              h);
+  }
+  return out;
+}
+
+}  // namespace silt::gateway

@@ -1,0 +1,59 @@
+// Child processes for integration tests: start real binaries, read their output with a
+// deadline, stop them.
+#ifndef SILT_TESTS_COMMON_PROCESS_H_
+#define SILT_TESTS_COMMON_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+
+namespace silt::testing {
+
+class Process {
+ public:
+  // Starts `argv` with `env` added to this process's environment; stdout is piped to the
+  // test, stderr goes to the test's stderr.
+  static absl::StatusOr<Process> Start(const std::vector<std::string>& argv,
+                                       const std::vector<std::pair<std::string, std::string>>&
+                                           env = {});
+  Process() = default;
+  Process(Process&& o) noexcept { *this = std::move(o); }
+  Process& operator=(Process&& o) noexcept;
+  ~Process();
+
+  // Reads stdout lines until one starts with `prefix`; returns that line.
+  absl::StatusOr<std::string> WaitForLine(absl::string_view prefix,
+                                          std::chrono::milliseconds timeout);
+  // Sends `sig` and waits for the exit; returns the wait status.
+  int Stop(int sig);
+  pid_t pid() const { return pid_; }
+  const std::string& output() const { return output_; }
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::string output_;  // everything read so far
+  size_t consumed_ = 0;
+};
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs a command to completion with `input` on stdin.
+RunResult Run(const std::vector<std::string>& argv, const std::string& input = "",
+              const std::vector<std::pair<std::string, std::string>>& env = {});
+
+std::string MakeTempDir(const std::string& prefix);
+
+}  // namespace silt::testing
+
+#endif  // SILT_TESTS_COMMON_PROCESS_H_
