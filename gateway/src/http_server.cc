@@ -162,10 +162,31 @@ class Session : public std::enable_shared_from_this<Session> {
         stream_, *msg,
         [self = shared_from_this(), msg, keep_alive](beast::error_code ec,
                                                      size_t) {
-          if (ec || !keep_alive) return self->Close();
+          if (ec) return self->Close();
+          if (!keep_alive) return self->LingeringClose();
           self->head_ = false;
           self->ReadHeader();
         });
+  }
+
+  // Half-closes, then reads and discards what the client still sends (the rest of a body
+  // we refused) until it closes or a deadline passes, so that the client gets to read our
+  // answer instead of a connection reset.
+  void LingeringClose() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return Close();
+    stream_.expires_after(std::chrono::seconds(5));
+    Drain();
+  }
+
+  void Drain() {
+    drain_.resize(64 * 1024);
+    stream_.async_read_some(asio::buffer(drain_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->Close();
+                              self->Drain();
+                            });
   }
 
   void Close() {
@@ -181,6 +202,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const HttpServerOptions& options_;
   const Handler& handler_;
   std::string remote_;
+  std::vector<char> drain_;
   size_t body_limit_ = 0;
   bool keep_alive_ = true;
   bool head_ = false;

@@ -2,7 +2,6 @@
 #include "metrics.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 
 namespace silt::gateway {
 namespace {
@@ -20,7 +19,7 @@ std::string Escape(absl::string_view v) {
   return out;
 }
 
-std::string Num(double v) { return absl::StrFormat("%.17g", v); }
+std::string Num(double v) { return absl::StrCat(v); }
 
 }  // namespace
 

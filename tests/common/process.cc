@@ -106,7 +106,7 @@ int Process::Stop(int sig) {
   return status;
 }
 
-RunResult Run(const std::vector<std::string>& argv, const std::string& input,
+RunResult RunCommand(const std::vector<std::string>& argv, const std::string& input,
               const std::vector<std::pair<std::string, std::string>>& env) {
   int in[2], out[2], err[2];
   if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) return {};

@@ -49,7 +49,7 @@ struct RunResult {
 };
 
 // Runs a command to completion with `input` on stdin.
-RunResult Run(const std::vector<std::string>& argv, const std::string& input = "",
+RunResult RunCommand(const std::vector<std::string>& argv, const std::string& input = "",
               const std::vector<std::pair<std::string, std::string>>& env = {});
 
 std::string MakeTempDir(const std::string& prefix);

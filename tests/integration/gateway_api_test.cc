@@ -1,1 +1,465 @@
-// placeholder
+// Drives the real silt-gateway over HTTP the way OpenFaaS clients do.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/gateway_process.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace silt::testing {
+namespace {
+
+using nlohmann::json;
+
+class GatewayApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("silt-gw");
+    ASSERT_FALSE(dir_.empty());
+    auto gw = GatewayProcess::Start(dir_);
+    ASSERT_TRUE(gw.ok()) << gw.status();
+    gw_ = std::make_unique<GatewayProcess>(*std::move(gw));
+  }
+  void TearDown() override {
+    gw_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void Restart() {
+    ASSERT_EQ(WEXITSTATUS(gw_->Stop(SIGTERM)), 0);
+    auto gw = GatewayProcess::Start(dir_);
+    ASSERT_TRUE(gw.ok()) << gw.status();
+    gw_ = std::make_unique<GatewayProcess>(*std::move(gw));
+  }
+  deploy::HttpResult Call(const std::string& m, const std::string& path,
+                          const std::string& body = "") {
+    return gw_->Call(m, path, body);
+  }
+  void Deploy(const json& d, int want = 200) {
+    auto r = Call("POST", "/system/functions", d.dump());
+    ASSERT_EQ(r.status, want) << r.body;
+  }
+  json Status(const std::string& name, const std::string& ns = "") {
+    auto r = Call("GET", "/system/function/" + name + (ns.empty() ? "" : "?namespace=" + ns));
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body, nullptr, false);
+  }
+  std::string dir_;
+  std::unique_ptr<GatewayProcess> gw_;
+};
+
+TEST_F(GatewayApiTest, HealthzAndRootAreOpen) {
+  auto r = gw_->Call("GET", "/healthz", "", false);
+  EXPECT_EQ(r.status, 200);
+  r = gw_->Call("GET", "/", "", false);
+  EXPECT_EQ(r.status, 307);
+  EXPECT_EQ(r.Header("Location"), "/ui/");
+  r = gw_->Call("GET", "/nope", "", false);
+  EXPECT_EQ(r.status, 404);
+}
+
+TEST_F(GatewayApiTest, BasicAuthOnSystemRoutes) {
+  auto r = gw_->Call("GET", "/system/functions", "", false);
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(r.body, "invalid credentials\n");
+  EXPECT_EQ(r.Header("WWW-Authenticate"), "Basic realm=\"Restricted\"");
+  r = gw_->Call("GET", "/system/info", "", false,
+                {{"Authorization", "Basic YWRtaW46d3Jvbmc="}});  // admin:wrong
+  EXPECT_EQ(r.status, 401);
+  r = Call("GET", "/system/functions");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "[]");
+  EXPECT_EQ(r.Header("Content-Type"), "application/json");
+  // Credentials are 0600 files, generated on first start.
+  auto perms = std::filesystem::status(dir_ + "/secrets/basic-auth-password").permissions();
+  EXPECT_EQ(perms & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  EXPECT_EQ(gw_->password().size(), 32u);
+}
+
+TEST_F(GatewayApiTest, NoAuthFlagOpensSystemRoutes) {
+  std::string dir = MakeTempDir("silt-gw-noauth");
+  auto gw = GatewayProcess::Start(dir, {"--no-auth"});
+  ASSERT_TRUE(gw.ok()) << gw.status();
+  EXPECT_EQ(gw->Call("GET", "/system/functions", "", false).status, 200);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/secrets/basic-auth-password"));
+  gw->Stop(SIGTERM);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(GatewayApiTest, InfoReportsSilt) {
+  auto r = Call("GET", "/system/info");
+  ASSERT_EQ(r.status, 200);
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["provider"]["provider"], "silt");
+  EXPECT_EQ(j["provider"]["orchestration"], "silt");
+  EXPECT_FALSE(j["provider"]["version"]["release"].get<std::string>().empty());
+  EXPECT_FALSE(j["version"]["sha"].get<std::string>().empty());
+  EXPECT_EQ(j["arch"], "x86_64");
+  EXPECT_EQ(Call("POST", "/system/info").status, 405);
+}
+
+TEST_F(GatewayApiTest, DeployEchoesExactlyWhatWasDeployed) {
+  json d = {{"service", "hello"},
+            {"image", "ghcr.io/example/hello:0.1"},
+            {"envProcess", "./handler"},
+            {"envVars", {{"A", "1"}, {"B", "x=y"}}},
+            {"labels", {{"team", "core"}}},
+            {"annotations", nullptr},
+            {"limits", {{"memory", "128M"}, {"cpu", "500m"}}},
+            {"constraints", {"node=a"}},
+            {"network", "legacy-field"}};
+  Deploy(d);
+  json s = Status("hello");
+  EXPECT_EQ(s["name"], "hello");
+  EXPECT_EQ(s["image"], "ghcr.io/example/hello:0.1");
+  EXPECT_EQ(s["namespace"], "openfaas-fn");
+  EXPECT_EQ(s["envProcess"], "./handler");
+  EXPECT_EQ(s["envVars"], json({{"A", "1"}, {"B", "x=y"}}));
+  EXPECT_EQ(s["labels"], json({{"team", "core"}}));
+  EXPECT_EQ(s["annotations"], json::object());  // always an object in status
+  EXPECT_EQ(s["limits"], json({{"memory", "128M"}, {"cpu", "500m"}}));
+  EXPECT_EQ(s["constraints"], json({"node=a"}));
+  EXPECT_EQ(s["replicas"], 1);
+  EXPECT_FALSE(s.contains("availableReplicas"));  // omitempty: no instances yet
+  EXPECT_FALSE(s.contains("secrets"));
+  EXPECT_FALSE(s.contains("requests"));
+  EXPECT_TRUE(s["createdAt"].get<std::string>().ends_with("Z"));
+
+  auto list = json::parse(Call("GET", "/system/functions").body);
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0]["name"], "hello");
+}
+
+TEST_F(GatewayApiTest, UpdateReplacesSpecAndUnknownUpdateIs404) {
+  Deploy({{"service", "fn"}, {"image", "img:1"}, {"envVars", {{"A", "1"}}}});
+  json created = Status("fn");
+  auto r = Call("PUT", "/system/functions", json({{"service", "fn"}, {"image", "img:2"}}).dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  json s = Status("fn");
+  EXPECT_EQ(s["image"], "img:2");
+  EXPECT_FALSE(s.contains("envVars"));
+  EXPECT_EQ(s["createdAt"], created["createdAt"]);
+
+  r = Call("PUT", "/system/functions", json({{"service", "ghost"}, {"image", "x"}}).dump());
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.body, "function: ghost.openfaas-fn not found\n");
+  r = Call("POST", "/system/functions", json({{"service", "fn"}, {"image", "x"}}).dump());
+  EXPECT_EQ(r.status, 409);
+  EXPECT_TRUE(absl::StrContains(r.body, "already exists")) << r.body;
+}
+
+TEST_F(GatewayApiTest, DeployErrors) {
+  struct Case {
+    std::string body;
+    int status;
+    std::string message;
+  } cases[] = {
+      {"", 400, "expected a body"},
+      {"{bad json", 400, "invalid JSON"},
+      {R"({"service":"x","image":5})", 400, "image"},
+      {R"({"image":"x"})", 400, "service is required"},
+      {R"({"service":"fn"})", 400, "image is required"},
+      {R"({"service":"../etc","image":"x"})", 400, "directory traversal found in name"},
+      {R"({"service":"a/b","image":"x"})", 400, "directory traversal found in name"},
+      {R"({"service":"Bad_Name","image":"x"})", 400, "invalid function name"},
+      {R"({"service":"fn","image":"x","namespace":"nope"})", 400, "namespace not valid"},
+      {R"({"service":"fn","image":"x","secrets":["missing"]})", 400,
+       "unable to find secret: missing"},
+      {R"({"service":"fn","image":"x","limits":{"memory":"lots"}})", 400, "limits.memory"},
+      {R"({"service":"fn","image":"x","labels":{"com.openfaas.scale.min":"two"}})", 400,
+       "com.openfaas.scale.min"},
+  };
+  for (const auto& c : cases) {
+    auto r = Call("POST", "/system/functions", c.body);
+    EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;
+    EXPECT_TRUE(absl::StrContains(r.body, c.message)) << c.body << " -> " << r.body;
+    EXPECT_EQ(r.Header("Content-Type"), "text/plain; charset=utf-8");
+  }
+  // Nothing was stored by any of them.
+  EXPECT_EQ(Call("GET", "/system/functions").body, "[]");
+  EXPECT_EQ(Call("PATCH", "/system/functions").status, 405);
+}
+
+TEST_F(GatewayApiTest, DeleteFunction) {
+  Deploy({{"service", "fn"}, {"image", "img"}});
+  auto r = Call("DELETE", "/system/functions", R"({"functionName":"fn"})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Call("GET", "/system/function/fn").status, 404);
+  EXPECT_EQ(Call("GET", "/system/function/fn").body, "");
+  r = Call("DELETE", "/system/functions", R"({"functionName":"fn"})");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.body, "function fn.openfaas-fn not found\n");
+  EXPECT_EQ(Call("DELETE", "/system/functions", "").status, 400);
+  EXPECT_EQ(Call("DELETE", "/system/functions", "[").status, 400);
+}
+
+TEST_F(GatewayApiTest, NamespacesFromBodyThenQueryThenDefault) {
+  auto r = Call("POST", "/system/namespace/",
+                R"({"name":"dev","labels":{"openfaas":"1"},"annotations":{"openfaas":"1"}})");
+  ASSERT_EQ(r.status, 201) << r.body;
+  EXPECT_EQ(json::parse(Call("GET", "/system/namespaces").body),
+            json({"openfaas-fn", "dev"}));
+  Deploy({{"service", "fn"}, {"image", "img-dev"}, {"namespace", "dev"}});
+  Deploy({{"service", "fn"}, {"image", "img-default"}});
+  EXPECT_EQ(Status("fn", "dev")["image"], "img-dev");
+  EXPECT_EQ(Status("fn")["image"], "img-default");
+  EXPECT_EQ(json::parse(Call("GET", "/system/functions?namespace=dev").body).size(), 1u);
+  EXPECT_EQ(Call("GET", "/system/functions?namespace=nope").status, 400);
+
+  // Old clients send the namespace of DELETE and scale only in the query.
+  r = Call("DELETE", "/system/functions?namespace=dev", R"({"functionName":"fn"})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Call("GET", "/system/function/fn?namespace=dev").status, 404);
+  EXPECT_EQ(Status("fn")["image"], "img-default");
+}
+
+TEST_F(GatewayApiTest, NamespaceLifecycle) {
+  auto r = Call("POST", "/system/namespace/", R"({"name":"dev","labels":{"team":"x"}})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body, "request does not have openfaas=1 label\n");
+  r = Call("POST", "/system/namespace/", R"({"name":"Bad!","labels":{"openfaas":"1"}})");
+  EXPECT_EQ(r.status, 400);
+  ASSERT_EQ(Call("POST", "/system/namespace/", R"({"name":"dev","labels":{"openfaas":"1"}})")
+                .status,
+            201);
+  EXPECT_EQ(Call("POST", "/system/namespace/", R"({"name":"dev","labels":{"openfaas":"1"}})")
+                .status,
+            409);
+  r = Call("GET", "/system/namespace/dev");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body)["labels"]["openfaas"], "1");
+  r = Call("PUT", "/system/namespace/dev", R"({"name":"dev","labels":{"openfaas":"1","x":"y"}})");
+  EXPECT_EQ(r.status, 202) << r.body;
+  EXPECT_EQ(json::parse(Call("GET", "/system/namespace/dev").body)["labels"]["x"], "y");
+  EXPECT_EQ(Call("PUT", "/system/namespace/dev", R"({"name":"other","labels":{"openfaas":"1"}})")
+                .status,
+            400);
+  EXPECT_EQ(Call("GET", "/system/namespace/ghost").status, 404);
+
+  // A namespace with functions is not removed (that would lose them).
+  Deploy({{"service", "fn"}, {"image", "img"}, {"namespace", "dev"}});
+  r = Call("DELETE", "/system/namespace/dev");
+  EXPECT_EQ(r.status, 409);
+  EXPECT_TRUE(absl::StrContains(r.body, "1 function(s)")) << r.body;
+  ASSERT_EQ(Call("DELETE", "/system/functions", R"({"functionName":"fn","namespace":"dev"})")
+                .status,
+            200);
+  EXPECT_EQ(Call("DELETE", "/system/namespace/dev").status, 202);
+  EXPECT_EQ(Call("DELETE", "/system/namespace/dev").status, 404);
+  EXPECT_EQ(Call("DELETE", "/system/namespace/openfaas-fn").status, 400);
+}
+
+TEST_F(GatewayApiTest, SecretsNeverReturnValues) {
+  auto r = Call("POST", "/system/secrets", R"({"name":"db-pass","value":"hunter2"})");
+  ASSERT_EQ(r.status, 201) << r.body;
+  r = Call("POST", "/system/secrets", R"({"name":"bin","rawValue":"AAEC"})");
+  ASSERT_EQ(r.status, 201) << r.body;
+  r = Call("GET", "/system/secrets");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_FALSE(absl::StrContains(r.body, "hunter2"));
+  EXPECT_EQ(json::parse(r.body), json::parse(R"([{"name":"bin","namespace":"openfaas-fn"},
+                                                   {"name":"db-pass","namespace":"openfaas-fn"}])"));
+  EXPECT_EQ(Call("POST", "/system/secrets", R"({"name":"db-pass","value":"x"})").status, 409);
+  EXPECT_EQ(Call("PUT", "/system/secrets", R"({"name":"db-pass","value":"new"})").status, 200);
+  EXPECT_EQ(Call("PUT", "/system/secrets", R"({"name":"ghost","value":"new"})").status, 404);
+
+  // Deploy referencing the secret now works.
+  Deploy({{"service", "fn"}, {"image", "img"}, {"secrets", {"db-pass"}}});
+  EXPECT_EQ(Status("fn")["secrets"], json({"db-pass"}));
+
+  struct Case {
+    std::string method, body;
+    int status;
+    std::string message;
+  } cases[] = {
+      {"POST", R"({"value":"x"})", 400, "non-empty name is required"},
+      {"POST", R"({"name":"../x","value":"x"})", 400, "directory traversal found in name"},
+      {"POST", R"({"name":"a/b","value":"x"})", 400, "directory traversal found in name"},
+      {"POST", "{", 400, "invalid JSON"},
+      {"POST", R"({"name":"x","namespace":"nope","value":"x"})", 400, "namespace not valid"},
+      {"DELETE", R"({"name":"ghost"})", 404, "secret ghost not found"},
+  };
+  for (const auto& c : cases) {
+    r = Call(c.method, "/system/secrets", c.body);
+    EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;
+    EXPECT_TRUE(absl::StrContains(r.body, c.message)) << c.body << " -> " << r.body;
+  }
+  EXPECT_EQ(Call("DELETE", "/system/secrets", R"({"name":"bin"})").status, 200);
+  EXPECT_EQ(json::parse(Call("GET", "/system/secrets").body).size(), 1u);
+}
+
+TEST_F(GatewayApiTest, ScaleStoresReplicasIncludingZero) {
+  Deploy({{"service", "fn"},
+          {"image", "img"},
+          {"labels", {{"com.openfaas.scale.min", "2"}, {"com.openfaas.scale.max", "4"}}}});
+  EXPECT_EQ(Status("fn")["replicas"], 2);
+  auto r = Call("POST", "/system/scale-function/fn", R"({"serviceName":"fn","replicas":3})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Status("fn")["replicas"], 3);
+  r = Call("POST", "/system/scale-function/fn", R"({"serviceName":"fn","replicas":0})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_FALSE(Status("fn").contains("replicas"));  // 0, omitted as Go does
+  Call("POST", "/system/scale-function/fn", R"({"serviceName":"fn","replicas":99})");
+  EXPECT_EQ(Status("fn")["replicas"], 4);  // clamped to com.openfaas.scale.max
+
+  EXPECT_EQ(Call("POST", "/system/scale-function/ghost", R"({"serviceName":"ghost","replicas":1})")
+                .status,
+            404);
+  r = Call("POST", "/system/scale-function/fn", "");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body, "Error reading request body\n");
+  r = Call("POST", "/system/scale-function/fn", "{");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body, "Error unmarshalling request body\n");
+  EXPECT_EQ(Call("POST", "/system/scale-function/fn", R"({"replicas":-1})").status, 400);
+  EXPECT_EQ(Call("GET", "/system/scale-function/fn").status, 405);
+}
+
+TEST_F(GatewayApiTest, LogsValidateTheirQuery) {
+  Deploy({{"service", "fn"}, {"image", "img"}});
+  auto r = Call("GET", "/system/logs?name=fn&tail=5&since=2024-05-01T10:00:00Z");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("Content-Type"), "application/x-ndjson");
+  EXPECT_EQ(Call("GET", "/system/logs?name=fn&tail=abc").status, 422);
+  EXPECT_EQ(Call("GET", "/system/logs?name=fn&since=yesterday").status, 422);
+  EXPECT_EQ(Call("GET", "/system/logs?name=ghost").status, 404);
+  EXPECT_EQ(Call("GET", "/system/logs").status, 400);
+}
+
+TEST_F(GatewayApiTest, InvokeRoutesBeforeInvokersExist) {
+  auto r = gw_->Call("POST", "/function/ghost", "hi", false);
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.body,
+            "error finding function ghost.openfaas-fn: server returned non-200 status code "
+            "(404) for function, ghost, body: \n");
+  EXPECT_FALSE(r.Header("X-Call-Id").empty());
+  uint64_t start = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(r.Header("X-Start-Time"), &start));
+  EXPECT_GT(start, 1600000000000000000u);  // nanoseconds
+  EXPECT_EQ(gw_->Call("GET", "/function/.openfaas-fn", "", false).status, 404);
+  EXPECT_EQ(gw_->Call("GET", "/function/ghost.nope/a/b?x=1", "", false).status, 404);
+
+  Deploy({{"service", "fn"}, {"image", "img"}});
+  r = gw_->Call("GET", "/function/fn.openfaas-fn/sub/path?q=1", "", false,
+                {{"X-Call-Id", "my-call"}});
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.body, "No endpoints available for: fn.\n");
+  EXPECT_EQ(r.Header("X-Call-Id"), "");  // client-sent call ids are not echoed
+  EXPECT_EQ(gw_->Call("TRACE", "/function/fn", "", false).status, 405);
+  EXPECT_EQ(gw_->Call("GET", "/async-function/fn", "", false).status, 405);
+  EXPECT_EQ(gw_->Call("POST", "/async-function/ghost", "", false).status, 404);
+
+  // The attempt shows in the invocation metrics and in the function's status.
+  r = deploy::Send({.url = gw_->metrics_url() + "/metrics"}).value();
+  EXPECT_EQ(r.status, 200);
+  EXPECT_TRUE(absl::StrContains(
+      r.body, "gateway_function_invocation_total{code=\"503\",function_name=\"fn.openfaas-fn\"} 1"))
+      << r.body;
+  EXPECT_TRUE(absl::StrContains(r.body, "gateway_service_count{function_name=\"fn.openfaas-fn\"} 1"));
+  EXPECT_EQ(Status("fn")["invocationCount"], 1);
+}
+
+TEST_F(GatewayApiTest, OversizedBodyIs413AndLosesNothing) {
+  Deploy({{"service", "fn"}, {"image", "img"}});
+  std::string big(11 << 20, 'x');
+  auto r = Call("PUT", "/system/functions", big);
+  EXPECT_EQ(r.status, 413);
+  EXPECT_TRUE(absl::StrContains(r.body, "too large")) << r.body;
+  EXPECT_EQ(Status("fn")["image"], "img");
+  EXPECT_EQ(Call("GET", "/system/functions").status, 200);  // gateway still serves
+}
+
+// Connects a raw socket to the gateway.
+int Connect(const std::string& url) {
+  std::string hostport = url.substr(7);
+  size_t colon = hostport.rfind(':');
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
+  inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &a.sin_addr);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  return fd;
+}
+
+std::string ReadToClose(int fd) {
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+TEST_F(GatewayApiTest, MalformedHttpClosesOnlyThatConnection) {
+  int bad = Connect(gw_->url());
+  std::string garbage = "THIS IS NOT HTTP\r\n\r\n";
+  ASSERT_EQ(write(bad, garbage.data(), garbage.size()), static_cast<ssize_t>(garbage.size()));
+  std::string answer = ReadToClose(bad);  // returns because the server closes
+  close(bad);
+  EXPECT_TRUE(absl::StartsWith(answer, "HTTP/1.1 400")) << answer;
+  EXPECT_EQ(Call("GET", "/system/functions").status, 200);
+}
+
+TEST_F(GatewayApiTest, SlowClientIsCutOffByReadTimeout) {
+  std::string dir = MakeTempDir("silt-gw-slow");
+  auto gw = GatewayProcess::Start(dir, {"--no-auth", "--read-timeout", "1"});
+  ASSERT_TRUE(gw.ok()) << gw.status();
+  int fd = Connect(gw->url());
+  std::string partial = "GET /system/functions HTTP/1.1\r\nHost: x\r\n";  // never finished
+  ASSERT_EQ(write(fd, partial.data(), partial.size()), static_cast<ssize_t>(partial.size()));
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(ReadToClose(fd), "");  // the server closes the connection
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  close(fd);
+  EXPECT_EQ(gw->Call("GET", "/system/functions", "", false).status, 200);
+  gw->Stop(SIGTERM);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(GatewayApiTest, EverythingSurvivesRestart) {
+  ASSERT_EQ(Call("POST", "/system/namespace/", R"({"name":"dev","labels":{"openfaas":"1"}})").status,
+            201);
+  ASSERT_EQ(Call("POST", "/system/secrets", R"({"name":"s","value":"v","namespace":"dev"})").status,
+            201);
+  Deploy({{"service", "fn"}, {"image", "img"}, {"namespace", "dev"}, {"secrets", {"s"}}});
+  Call("POST", "/system/scale-function/fn", R"({"serviceName":"fn","replicas":3,"namespace":"dev"})");
+  std::string password = gw_->password();
+  json before = Status("fn", "dev");
+
+  Restart();
+  EXPECT_EQ(gw_->password(), password);  // credentials are kept
+  EXPECT_EQ(Status("fn", "dev"), before);
+  EXPECT_EQ(json::parse(Call("GET", "/system/namespaces").body), json({"openfaas-fn", "dev"}));
+  EXPECT_EQ(json::parse(Call("GET", "/system/secrets?namespace=dev").body).size(), 1u);
+}
+
+TEST_F(GatewayApiTest, CrashLosesNoAcknowledgedWrite) {
+  for (int i = 0; i < 20; ++i) {
+    Deploy({{"service", "fn" + std::to_string(i)}, {"image", "img"}});
+  }
+  gw_->Stop(SIGKILL);
+  auto gw = GatewayProcess::Start(dir_);
+  ASSERT_TRUE(gw.ok()) << gw.status();
+  gw_ = std::make_unique<GatewayProcess>(*std::move(gw));
+  EXPECT_EQ(json::parse(Call("GET", "/system/functions").body).size(), 20u);
+}
+
+TEST_F(GatewayApiTest, SecondGatewayOnSameDataDirFailsClearly) {
+  auto other = RunCommand({SILT_GATEWAY_BIN, "--listen", "127.0.0.1:0", "--metrics-listen",
+                    "127.0.0.1:0", "--data-dir", dir_});
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(other.err, "another process")) << other.err;
+}
+
+}  // namespace
+}  // namespace silt::testing
