@@ -11,24 +11,33 @@
 
 int main(int argc, char** argv) {
   silt::gateway::Options o;
-  CLI::App app{"silt-gateway: the Silt API gateway (OpenFaaS-compatible REST API)"};
-  app.set_version_flag("--version", std::string(silt::kVersion) + " " + silt::kGitSha);
-  app.add_option("--listen", o.listen, "HTTP API address ADDR:PORT (port 0 picks one)")
+  CLI::App app{
+      "silt-gateway: the Silt API gateway (OpenFaaS-compatible REST API)"};
+  app.set_version_flag("--version",
+                       std::string(silt::kVersion) + " " + silt::kGitSha);
+  app.add_option("--listen", o.listen,
+                 "HTTP API address ADDR:PORT (port 0 picks one)")
       ->capture_default_str();
-  app.add_option("--metrics-listen", o.metrics_listen, "Prometheus metrics address")
+  app.add_option("--metrics-listen", o.metrics_listen,
+                 "Prometheus metrics address")
       ->capture_default_str();
-  app.add_option("--data-dir", o.data_dir, "Directory for the store and credentials")
+  app.add_option("--data-dir", o.data_dir,
+                 "Directory for the store and credentials")
       ->required();
   bool no_auth = false;
-  app.add_flag("--no-auth", no_auth, "Disable basic auth on /system/* (local development)");
+  app.add_flag("--no-auth", no_auth,
+               "Disable basic auth on /system/* (local development)");
   app.add_option("--threads", o.threads, "I/O threads (0 = one per core)");
   size_t max_body_mib = o.max_system_body_bytes >> 20;
-  app.add_option("--max-body-mib", max_body_mib, "Largest /system/* request body, MiB")
+  app.add_option("--max-body-mib", max_body_mib,
+                 "Largest /system/* request body, MiB")
       ->capture_default_str();
   int read_timeout_s = 60, write_timeout_s = 60;
-  app.add_option("--read-timeout", read_timeout_s, "Seconds to receive a request")
+  app.add_option("--read-timeout", read_timeout_s,
+                 "Seconds to receive a request")
       ->capture_default_str();
-  app.add_option("--write-timeout", write_timeout_s, "Seconds to send a response")
+  app.add_option("--write-timeout", write_timeout_s,
+                 "Seconds to send a response")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   o.auth = !no_auth;
@@ -36,7 +45,8 @@ int main(int argc, char** argv) {
   o.read_timeout = std::chrono::seconds(read_timeout_s);
   o.write_timeout = std::chrono::seconds(write_timeout_s);
 
-  // Block the stop signals before any thread starts so only the waiter below sees them.
+  // Block the stop signals before any thread starts so only the waiter below
+  // sees them.
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
@@ -51,11 +61,13 @@ int main(int argc, char** argv) {
   }
   std::string url = "http://" + (*gw)->listen_address();
   if (o.auth) {
-    std::cout << "basic auth: user admin, password in " << (*gw)->password_file()
-              << ((*gw)->credentials_generated() ? " (generated now)" : "") << "\n"
+    std::cout << "basic auth: user admin, password in "
+              << (*gw)->password_file()
+              << ((*gw)->credentials_generated() ? " (generated now)" : "")
+              << "\n"
               << "log in with: cat " << (*gw)->password_file()
-              << " | silt login --username admin --password-stdin --gateway " << url
-              << "\n";
+              << " | silt login --username admin --password-stdin --gateway "
+              << url << "\n";
   } else {
     std::cout << "basic auth disabled (--no-auth)\n";
   }
@@ -65,7 +77,8 @@ int main(int argc, char** argv) {
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&stop, &sig);
-    std::cout << "silt-gateway: signal " << sig << ", shutting down" << std::endl;
+    std::cout << "silt-gateway: signal " << sig << ", shutting down"
+              << std::endl;
     (*gw)->Shutdown();
   });
   (*gw)->Wait();

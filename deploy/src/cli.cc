@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "deploy/cli.h"
 
 #include <unistd.h>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "deploy/config.h"
 #include "deploy/http_client.h"
 #include "deploy/stack.h"
@@ -28,7 +28,8 @@ using nlohmann::json;
 constexpr char kDefaultGateway[] = "http://127.0.0.1:8080";
 constexpr char kDefaultNamespace[] = "openfaas-fn";
 
-// Thrown only inside this file to unwind a command with an exit code; RunCli catches it.
+// Thrown only inside this file to unwind a command with an exit code; RunCli
+// catches it.
 struct Exit {
   int code;
 };
@@ -40,11 +41,13 @@ struct Exit {
 
 // Gateway URL precedence (faas-cli): --gateway if given, else the stack file's
 // provider.gateway if not the default, else $OPENFAAS_URL, else the default.
-std::string ResolveGateway(const std::string& flag, const std::string& from_stack = "") {
+std::string ResolveGateway(const std::string& flag,
+                           const std::string& from_stack = "") {
   if (!flag.empty()) return NormalizeGatewayUrl(flag);
   if (!from_stack.empty() && NormalizeGatewayUrl(from_stack) != kDefaultGateway)
     return NormalizeGatewayUrl(from_stack);
-  if (const char* env = std::getenv("OPENFAAS_URL"); env != nullptr && *env != '\0')
+  if (const char* env = std::getenv("OPENFAAS_URL");
+      env != nullptr && *env != '\0')
     return NormalizeGatewayUrl(env);
   return kDefaultGateway;
 }
@@ -59,7 +62,8 @@ struct Client {
     call.method = method;
     call.url = gateway + path;
     call.body = body;
-    if (!body.empty()) call.headers.emplace_back("Content-Type", "application/json");
+    if (!body.empty())
+      call.headers.emplace_back("Content-Type", "application/json");
     if (auth) {
       if (!token.empty()) {
         call.headers.emplace_back("Authorization", "Bearer " + token);
@@ -73,8 +77,9 @@ struct Client {
                         r.status().message()));
     }
     if (r->status == 401) {
-      Fail(absl::StrCat("unauthorized access, run \"silt login\" to set up credentials for ",
-                        gateway));
+      Fail(absl::StrCat(
+          "unauthorized access, run \"silt login\" to set up credentials for ",
+          gateway));
     }
     return *std::move(r);
   }
@@ -96,8 +101,8 @@ std::string ReadAll(std::istream& in) {
 
 // ---- commands ----
 
-void Login(const std::string& gateway_flag, const std::string& user, std::string password,
-           bool password_stdin) {
+void Login(const std::string& gateway_flag, const std::string& user,
+           std::string password, bool password_stdin) {
   std::string gateway = ResolveGateway(gateway_flag);
   if (password_stdin) {
     password = Trimmed(ReadAll(std::cin));
@@ -106,20 +111,28 @@ void Login(const std::string& gateway_flag, const std::string& user, std::string
                  "~/faas_pass.txt | silt login -u user --password-stdin"
               << std::endl;
   }
-  if (password.empty()) Fail("must provide a non-empty password via --password or --password-stdin");
+  if (password.empty())
+    Fail(
+        "must provide a non-empty password via --password or --password-stdin");
   if (user.empty()) Fail("must provide --username or -u");
-  std::cout << "Calling the OpenFaaS server to validate the credentials..." << std::endl;
+  std::cout << "Calling the OpenFaaS server to validate the credentials..."
+            << std::endl;
   HttpCall call;
   call.url = gateway + "/system/functions";
-  call.headers.emplace_back("Authorization", "Basic " + BasicToken(user, password));
+  call.headers.emplace_back("Authorization",
+                            "Basic " + BasicToken(user, password));
   auto r = Send(call);
-  if (!r.ok()) Fail(absl::StrCat("cannot connect to ", gateway, ": ", r.status().message()));
-  if (r->status == 401) Fail("Unable to login, either username or password is incorrect");
+  if (!r.ok())
+    Fail(absl::StrCat("cannot connect to ", gateway, ": ",
+                      r.status().message()));
+  if (r->status == 401)
+    Fail("Unable to login, either username or password is incorrect");
   if (r->status != 200) {
-    Fail(absl::StrCat("server returned unexpected status code: ", r->status, " - ",
-                      Trimmed(r->body)));
+    Fail(absl::StrCat("server returned unexpected status code: ", r->status,
+                      " - ", Trimmed(r->body)));
   }
-  if (auto s = SaveAuth({gateway, "basic", BasicToken(user, password)}); !s.ok())
+  if (auto s = SaveAuth({gateway, "basic", BasicToken(user, password)});
+      !s.ok())
     Fail(s.message());
   std::cout << "credentials saved for " << user << " " << gateway << std::endl;
 }
@@ -130,10 +143,12 @@ void Logout(const std::string& gateway_flag) {
   std::cout << "credentials removed for " << gateway << std::endl;
 }
 
-void List(const Client& c, const std::string& ns, bool verbose, const std::string& output) {
+void List(const Client& c, const std::string& ns, bool verbose,
+          const std::string& output) {
   HttpResult r = c.Call("GET", "/system/functions" + NsQuery(ns));
   if (r.status != 200)
-    Fail(absl::StrCat("server returned unexpected status code: ", r.status, " - ", Trimmed(r.body)));
+    Fail(absl::StrCat("server returned unexpected status code: ", r.status,
+                      " - ", Trimmed(r.body)));
   if (output == "json") {
     std::cout << r.body << std::endl;
     return;
@@ -141,18 +156,19 @@ void List(const Client& c, const std::string& ns, bool verbose, const std::strin
   json fns = json::parse(r.body, nullptr, false);
   if (!fns.is_array()) Fail("cannot parse the function list from the gateway");
   if (verbose) {
-    std::cout << absl::StrFormat("%-30s\t%-40s\t%-15s\t%-5s\n", "Function", "Image",
-                                 "Invocations", "Replicas");
+    std::cout << absl::StrFormat("%-30s\t%-40s\t%-15s\t%-5s\n", "Function",
+                                 "Image", "Invocations", "Replicas");
   } else {
-    std::cout << absl::StrFormat("%-30s\t%-15s\t%-5s\n", "Function", "Invocations", "Replicas");
+    std::cout << absl::StrFormat("%-30s\t%-15s\t%-5s\n", "Function",
+                                 "Invocations", "Replicas");
   }
   for (const auto& f : fns) {
     std::string name = f.value("name", "");
     int64_t inv = static_cast<int64_t>(f.value("invocationCount", 0.0));
     uint64_t rep = f.value("replicas", uint64_t{0});
     if (verbose) {
-      std::cout << absl::StrFormat("%-30s\t%-40s\t%-15d\t%-5d\n", name, f.value("image", ""),
-                                   inv, rep);
+      std::cout << absl::StrFormat("%-30s\t%-40s\t%-15d\t%-5d\n", name,
+                                   f.value("image", ""), inv, rep);
     } else {
       std::cout << absl::StrFormat("%-30s\t%-15d\t%-5d\n", name, inv, rep);
     }
@@ -166,49 +182,61 @@ void PrintMap(const char* title, const json& m) {
   }
   std::cout << title << ":\n";
   for (auto& [k, v] : m.items()) {
-    std::cout << "  " << k << ": " << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
+    std::cout << "  " << k << ": "
+              << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
   }
 }
 
 void Describe(const Client& c, const std::string& name, const std::string& ns) {
-  std::string q = absl::StrCat("?namespace=", UrlEncode(ns.empty() ? kDefaultNamespace : ns),
-                               "&usage=1");
+  std::string q = absl::StrCat(
+      "?namespace=", UrlEncode(ns.empty() ? kDefaultNamespace : ns),
+      "&usage=1");
   HttpResult r = c.Call("GET", "/system/function/" + UrlEncode(name) + q);
   if (r.status == 404) Fail(absl::StrCat("No such function: ", name));
   if (r.status != 200)
-    Fail(absl::StrCat("server returned unexpected status code: ", r.status, " - ", Trimmed(r.body)));
+    Fail(absl::StrCat("server returned unexpected status code: ", r.status,
+                      " - ", Trimmed(r.body)));
   json f = json::parse(r.body, nullptr, false);
   if (!f.is_object()) Fail("cannot parse the function status from the gateway");
   std::string fns = f.value("namespace", ns.empty() ? kDefaultNamespace : ns);
   uint64_t available = f.value("availableReplicas", uint64_t{0});
   auto row = [](const char* k, const std::string& v) {
-    std::cout << absl::StrFormat("%-18s%s\n", absl::StrCat(k, ":"), v.empty() ? "<none>" : v);
+    std::cout << absl::StrFormat("%-18s%s\n", absl::StrCat(k, ":"),
+                                 v.empty() ? "<none>" : v);
   };
   row("Name", f.value("name", name));
   row("Namespace", fns);
   row("Status", available > 0 ? "Ready" : "Not Ready");
   row("Replicas", std::to_string(f.value("replicas", uint64_t{0})));
   row("Available Replicas", std::to_string(available));
-  row("Invocations", std::to_string(static_cast<int64_t>(f.value("invocationCount", 0.0))));
+  row("Invocations",
+      std::to_string(static_cast<int64_t>(f.value("invocationCount", 0.0))));
   row("Image", f.value("image", ""));
   row("Function Process", f.value("envProcess", ""));
   std::string suffix = fns == kDefaultNamespace ? "" : "." + fns;
-  row("URL", absl::StrCat(c.gateway, "/function/", f.value("name", name), suffix));
-  row("Async URL", absl::StrCat(c.gateway, "/async-function/", f.value("name", name), suffix));
+  row("URL",
+      absl::StrCat(c.gateway, "/function/", f.value("name", name), suffix));
+  row("Async URL", absl::StrCat(c.gateway, "/async-function/",
+                                f.value("name", name), suffix));
   row("Created", f.value("createdAt", ""));
   PrintMap("Labels", f.value("labels", json::object()));
   PrintMap("Annotations", f.value("annotations", json::object()));
   PrintMap("Environment", f.value("envVars", json::object()));
   json secrets = f.value("secrets", json::array());
-  row("Secrets", secrets.empty() ? "" : absl::StrJoin(secrets.get<std::vector<std::string>>(), ", "));
+  row("Secrets",
+      secrets.empty()
+          ? ""
+          : absl::StrJoin(secrets.get<std::vector<std::string>>(), ", "));
   PrintMap("Limits", f.value("limits", json::object()));
   PrintMap("Requests", f.value("requests", json::object()));
 }
 
-bool RemoveOne(const Client& c, const std::string& name, const std::string& ns) {
+bool RemoveOne(const Client& c, const std::string& name,
+               const std::string& ns) {
   json body = {{"functionName", name}};
   if (!ns.empty()) body["namespace"] = ns;
-  std::cout << "Deleting: " << name << "." << (ns.empty() ? kDefaultNamespace : ns) << std::endl;
+  std::cout << "Deleting: " << name << "."
+            << (ns.empty() ? kDefaultNamespace : ns) << std::endl;
   HttpResult r = c.Call("DELETE", "/system/functions", body.dump());
   if (r.status == 200 || r.status == 202) {
     std::cout << "Removing old function." << std::endl;
@@ -218,12 +246,13 @@ bool RemoveOne(const Client& c, const std::string& name, const std::string& ns) 
     std::cerr << "No existing function to remove" << std::endl;
     return false;
   }
-  std::cerr << "Server returned unexpected status code " << r.status << " " << Trimmed(r.body)
-            << std::endl;
+  std::cerr << "Server returned unexpected status code " << r.status << " "
+            << Trimmed(r.body) << std::endl;
   return false;
 }
 
-bool DeployOne(const Client& c, const StackFunction& f, bool replace, bool update) {
+bool DeployOne(const Client& c, const StackFunction& f, bool replace,
+               bool update) {
   std::cout << "Deploying: " << f.name << "." << std::endl;
   if (f.image.empty()) {
     std::cerr << "function " << f.name << " has no image" << std::endl;
@@ -243,18 +272,22 @@ bool DeployOne(const Client& c, const StackFunction& f, bool replace, bool updat
     r = c.Call("POST", "/system/functions", body);
   }
   if (r.status == 200 || r.status == 201 || r.status == 202) {
-    std::string suffix = f.ns.empty() || f.ns == kDefaultNamespace ? "" : "." + f.ns;
-    std::cout << "\nDeployed. " << r.status << " " << (r.status == 200 ? "OK" : "Accepted")
-              << ".\nURL: " << c.gateway << "/function/" << f.name << suffix << "\n"
+    std::string suffix =
+        f.ns.empty() || f.ns == kDefaultNamespace ? "" : "." + f.ns;
+    std::cout << "\nDeployed. " << r.status << " "
+              << (r.status == 200 ? "OK" : "Accepted")
+              << ".\nURL: " << c.gateway << "/function/" << f.name << suffix
+              << "\n"
               << std::endl;
     return true;
   }
-  std::cerr << "Unexpected status: " << r.status << ", message: " << Trimmed(r.body)
-            << std::endl;
+  std::cerr << "Unexpected status: " << r.status
+            << ", message: " << Trimmed(r.body) << std::endl;
   return false;
 }
 
-StringMap ParseKeyValues(const std::vector<std::string>& kvs, const char* flag) {
+StringMap ParseKeyValues(const std::vector<std::string>& kvs,
+                         const char* flag) {
   StringMap out;
   for (const auto& kv : kvs) {
     size_t eq = kv.find('=');
@@ -265,32 +298,39 @@ StringMap ParseKeyValues(const std::vector<std::string>& kvs, const char* flag) 
   return out;
 }
 
-std::string SecretValue(const std::string& literal, const std::string& file, bool literal_set) {
+std::string SecretValue(const std::string& literal, const std::string& file,
+                        bool literal_set) {
   if (literal_set) return literal;
   if (!file.empty()) {
     std::ifstream in(file, std::ios::binary);
     if (!in) Fail(absl::StrCat("cannot read ", file));
     return ReadAll(in);
   }
-  if (isatty(STDIN_FILENO)) std::cerr << "Reading from STDIN - hit (Control + D) to stop." << std::endl;
+  if (isatty(STDIN_FILENO))
+    std::cerr << "Reading from STDIN - hit (Control + D) to stop." << std::endl;
   return Trimmed(ReadAll(std::cin));
 }
 
-void Version(const std::string& gateway_flag, const std::string& token, bool short_version) {
+void Version(const std::string& gateway_flag, const std::string& token,
+             bool short_version) {
   if (short_version) {
     std::cout << kVersion << std::endl;
     return;
   }
-  std::cout << "CLI:\n commit:  " << kGitSha << "\n version: " << kVersion << "\n";
+  std::cout << "CLI:\n commit:  " << kGitSha << "\n version: " << kVersion
+            << "\n";
   Client c{ResolveGateway(gateway_flag), token};
   HttpCall call;
   call.url = c.gateway + "/system/info";
-  if (auto a = AuthorizationFor(c.gateway)) call.headers.emplace_back("Authorization", *a);
-  if (!token.empty()) call.headers.emplace_back("Authorization", "Bearer " + token);
+  if (auto a = AuthorizationFor(c.gateway))
+    call.headers.emplace_back("Authorization", *a);
+  if (!token.empty())
+    call.headers.emplace_back("Authorization", "Bearer " + token);
   auto r = Send(call);
   if (!r.ok() || r->status != 200) {
     std::cout << "\nGateway: unavailable at " << c.gateway
-              << (r.ok() ? absl::StrCat(" (HTTP ", r->status, ")") : "") << std::endl;
+              << (r.ok() ? absl::StrCat(" (HTTP ", r->status, ")") : "")
+              << std::endl;
     return;
   }
   json info = json::parse(r->body, nullptr, false);
@@ -298,23 +338,28 @@ void Version(const std::string& gateway_flag, const std::string& token, bool sho
   json v = info.value("version", json::object());
   json p = info.value("provider", json::object());
   json pv = p.value("version", json::object());
-  std::cout << "\nGateway\n uri:     " << c.gateway << "\n version: " << v.value("release", "")
-            << "\n sha:     " << v.value("sha", "") << "\n\nProvider\n name:          "
-            << p.value("provider", "") << "\n orchestration: " << p.value("orchestration", "")
-            << "\n version:       " << pv.value("release", "") << "\n sha:           "
-            << pv.value("sha", "") << std::endl;
+  std::cout << "\nGateway\n uri:     " << c.gateway
+            << "\n version: " << v.value("release", "")
+            << "\n sha:     " << v.value("sha", "")
+            << "\n\nProvider\n name:          " << p.value("provider", "")
+            << "\n orchestration: " << p.value("orchestration", "")
+            << "\n version:       " << pv.value("release", "")
+            << "\n sha:           " << pv.value("sha", "") << std::endl;
 }
 
 }  // namespace
 
 int RunCli(int argc, char** argv) {
-  CLI::App app{"silt: deploy and manage functions on Silt (or any OpenFaaS gateway)"};
+  CLI::App app{
+      "silt: deploy and manage functions on Silt (or any OpenFaaS gateway)"};
   app.require_subcommand(1);
   std::string gateway, token, ns;
   auto gw_opt = [&](CLI::App* cmd) {
-    cmd->add_option("-g,--gateway", gateway, "Gateway URL (default $OPENFAAS_URL or " +
-                                                 std::string(kDefaultGateway) + ")");
-    cmd->add_option("-k,--token", token, "Bearer token instead of saved credentials");
+    cmd->add_option("-g,--gateway", gateway,
+                    "Gateway URL (default $OPENFAAS_URL or " +
+                        std::string(kDefaultGateway) + ")");
+    cmd->add_option("-k,--token", token,
+                    "Bearer token instead of saved credentials");
   };
   auto ns_opt = [&](CLI::App* cmd) {
     cmd->add_option("-n,--namespace", ns, "Namespace of the function");
@@ -323,14 +368,19 @@ int RunCli(int argc, char** argv) {
   // login / logout
   std::string user = "admin", password;
   bool password_stdin = false;
-  auto* login = app.add_subcommand("login", "Save basic-auth credentials for a gateway");
+  auto* login =
+      app.add_subcommand("login", "Save basic-auth credentials for a gateway");
   login->add_option("-g,--gateway", gateway, "Gateway URL");
-  login->add_option("-u,--username", user, "Gateway username")->capture_default_str();
+  login->add_option("-u,--username", user, "Gateway username")
+      ->capture_default_str();
   login->add_option("-p,--password", password, "Gateway password");
-  login->add_flag("-s,--password-stdin", password_stdin, "Read the password from stdin");
+  login->add_flag("-s,--password-stdin", password_stdin,
+                  "Read the password from stdin");
   bool tls_no_verify = false;
-  login->add_flag("--tls-no-verify", tls_no_verify, "Accepted for faas-cli compatibility");
-  auto* logout = app.add_subcommand("logout", "Forget the credentials for a gateway");
+  login->add_flag("--tls-no-verify", tls_no_verify,
+                  "Accepted for faas-cli compatibility");
+  auto* logout =
+      app.add_subcommand("logout", "Forget the credentials for a gateway");
   logout->add_option("-g,--gateway", gateway, "Gateway URL");
 
   // list / describe / remove
@@ -341,7 +391,8 @@ int RunCli(int argc, char** argv) {
   gw_opt(list);
   ns_opt(list);
   list->add_flag("-v,--verbose", verbose, "Show the image too");
-  list->add_option("-o,--output", output, "Output format: json")->check(CLI::IsMember({"json"}));
+  list->add_option("-o,--output", output, "Output format: json")
+      ->check(CLI::IsMember({"json"}));
 
   std::string name;
   auto* describe = app.add_subcommand("describe", "Show a function's details");
@@ -356,27 +407,35 @@ int RunCli(int argc, char** argv) {
   remove->alias("delete");
   gw_opt(remove);
   ns_opt(remove);
-  remove->add_option("-f,--yaml", stack_file, "Stack file whose functions to remove");
+  remove->add_option("-f,--yaml", stack_file,
+                     "Stack file whose functions to remove");
   remove->add_option("NAME", filter_names, "Function names");
 
   // deploy
   bool replace = false, update = true, envsubst = true;
   std::string image, fprocess, filter;
   std::vector<std::string> env, labels, annotations, secrets, constraints;
-  auto* deploy = app.add_subcommand("deploy", "Deploy functions from a stack file or flags");
+  auto* deploy = app.add_subcommand(
+      "deploy", "Deploy functions from a stack file or flags");
   gw_opt(deploy);
   ns_opt(deploy);
   deploy->add_option("-f,--yaml", stack_file, "Stack file (stack.yml)");
-  deploy->add_option("--filter", filter, "Deploy only this function of the stack file");
-  deploy->add_option("--image", image, "Image (with --name, deploy without a stack file)");
+  deploy->add_option("--filter", filter,
+                     "Deploy only this function of the stack file");
+  deploy->add_option("--image", image,
+                     "Image (with --name, deploy without a stack file)");
   deploy->add_option("--name", name, "Function name (with --image)");
   deploy->add_option("--fprocess", fprocess, "Process the watchdog runs");
-  deploy->add_option("-e,--env", env, "Environment variable KEY=VALUE (repeatable)");
+  deploy->add_option("-e,--env", env,
+                     "Environment variable KEY=VALUE (repeatable)");
   deploy->add_option("-l,--label", labels, "Label KEY=VALUE (repeatable)");
-  deploy->add_option("--annotation", annotations, "Annotation KEY=VALUE (repeatable)");
+  deploy->add_option("--annotation", annotations,
+                     "Annotation KEY=VALUE (repeatable)");
   deploy->add_option("--secret", secrets, "Secret to mount (repeatable)");
-  deploy->add_option("--constraint", constraints, "Placement constraint (repeatable)");
-  deploy->add_flag("--replace", replace, "Remove and re-create existing functions");
+  deploy->add_option("--constraint", constraints,
+                     "Placement constraint (repeatable)");
+  deploy->add_flag("--replace", replace,
+                   "Remove and re-create existing functions");
   deploy->add_flag("--update,!--no-update", update,
                    "Update existing functions in place (default), else create");
   deploy->add_flag("--envsubst,!--no-envsubst", envsubst,
@@ -391,15 +450,18 @@ int RunCli(int argc, char** argv) {
     auto* s = secret->add_subcommand(n, d);
     gw_opt(s);
     ns_opt(s);
-    if (std::string(n) != "list") s->add_option("NAME", secret_name, "Secret name")->required();
+    if (std::string(n) != "list")
+      s->add_option("NAME", secret_name, "Secret name")->required();
     if (value) {
       s->add_option("--from-literal", literal, "Secret value");
       s->add_option("--from-file", from_file, "Read the value from a file");
     }
     return s;
   };
-  auto* secret_create = secret_cmd("create", "Create a secret (value from stdin by default)", true);
-  secret_create->add_flag("--replace", secret_replace, "Update the secret if it exists");
+  auto* secret_create = secret_cmd(
+      "create", "Create a secret (value from stdin by default)", true);
+  secret_create->add_flag("--replace", secret_replace,
+                          "Update the secret if it exists");
   auto* secret_update = secret_cmd("update", "Update a secret's value", true);
   auto* secret_list = secret_cmd("list", "List secrets (names only)", false);
   secret_list->alias("ls");
@@ -417,16 +479,19 @@ int RunCli(int argc, char** argv) {
   auto* ns_create = namespaces->add_subcommand("create", "Create a namespace");
   gw_opt(ns_create);
   ns_create->add_option("NAME", ns_name, "Namespace")->required();
-  auto* ns_remove = namespaces->add_subcommand("remove", "Remove an empty namespace");
+  auto* ns_remove =
+      namespaces->add_subcommand("remove", "Remove an empty namespace");
   ns_remove->alias("rm");
   gw_opt(ns_remove);
   ns_remove->add_option("NAME", ns_name, "Namespace")->required();
   gw_opt(namespaces);
 
   bool short_version = false;
-  auto* version = app.add_subcommand("version", "Show the CLI's and the gateway's versions");
+  auto* version = app.add_subcommand(
+      "version", "Show the CLI's and the gateway's versions");
   gw_opt(version);
-  version->add_flag("--short-version", short_version, "Print only the CLI version");
+  version->add_flag("--short-version", short_version,
+                    "Print only the CLI version");
 
   try {
     app.parse(argc, argv);
@@ -463,7 +528,8 @@ int RunCli(int argc, char** argv) {
       std::vector<StackFunction> fns;
       std::string stack_gateway;
       if (!image.empty() || !name.empty()) {
-        if (image.empty() || name.empty()) Fail("--image and --name go together");
+        if (image.empty() || name.empty())
+          Fail("--image and --name go together");
         StackFunction f;
         f.name = name;
         f.image = image;
@@ -476,7 +542,8 @@ int RunCli(int argc, char** argv) {
         for (auto& f : stack->functions) {
           if (filter.empty() || f.name == filter) fns.push_back(std::move(f));
         }
-        if (fns.empty()) Fail(absl::StrCat("no function named ", filter, " in ", stack_file));
+        if (fns.empty())
+          Fail(absl::StrCat("no function named ", filter, " in ", stack_file));
       }
       StringMap extra_env = ParseKeyValues(env, "--env");
       StringMap extra_labels = ParseKeyValues(labels, "--label");
@@ -500,7 +567,8 @@ int RunCli(int argc, char** argv) {
         if (!DeployOne(c, f, replace, update)) ++failed;
       }
       if (failed > 0) {
-        std::cerr << "Function '" << failed << "' failed to deploy" << std::endl;
+        std::cerr << "Function '" << failed << "' failed to deploy"
+                  << std::endl;
         return 1;
       }
     } else if (*secret) {
@@ -508,10 +576,11 @@ int RunCli(int argc, char** argv) {
       if (*secret_list) {
         HttpResult r = c.Call("GET", "/system/secrets" + NsQuery(ns));
         if (r.status != 200)
-          Fail(absl::StrCat("server returned unexpected status code: ", r.status, " - ",
-                            Trimmed(r.body)));
+          Fail(absl::StrCat("server returned unexpected status code: ",
+                            r.status, " - ", Trimmed(r.body)));
         json list = json::parse(r.body, nullptr, false);
-        if (!list.is_array()) Fail("cannot parse the secret list from the gateway");
+        if (!list.is_array())
+          Fail("cannot parse the secret list from the gateway");
         if (list.empty()) {
           std::cout << "No secrets found." << std::endl;
         } else {
@@ -524,23 +593,29 @@ int RunCli(int argc, char** argv) {
         json body = {{"name", secret_name}};
         if (!ns.empty()) body["namespace"] = ns;
         HttpResult r = c.Call("DELETE", "/system/secrets", body.dump());
-        if (r.status == 404) Fail(absl::StrCat("unable to find secret: ", secret_name));
+        if (r.status == 404)
+          Fail(absl::StrCat("unable to find secret: ", secret_name));
         if (r.status != 200 && r.status != 202 && r.status != 204)
-          Fail(absl::StrCat("server returned unexpected status code: ", r.status, " - ",
-                            Trimmed(r.body)));
+          Fail(absl::StrCat("server returned unexpected status code: ",
+                            r.status, " - ", Trimmed(r.body)));
         std::cout << "Removed.. OK." << std::endl;
       } else {
         bool literal_set = false;
         for (auto* cmd : {secret_create, secret_update})
           literal_set = literal_set || cmd->count("--from-literal") > 0;
         std::string value = SecretValue(literal, from_file, literal_set);
-        if (value.empty()) Fail("must provide a non-empty secret via --from-literal, --from-file or STDIN");
+        if (value.empty())
+          Fail(
+              "must provide a non-empty secret via --from-literal, --from-file "
+              "or STDIN");
         json body = {{"name", secret_name}, {"value", value}};
         if (!ns.empty()) body["namespace"] = ns;
         bool is_update = secret_update->parsed();
-        std::cout << (is_update ? "Updating" : "Creating") << " secret: " << secret_name << "."
+        std::cout << (is_update ? "Updating" : "Creating")
+                  << " secret: " << secret_name << "."
                   << (ns.empty() ? kDefaultNamespace : ns) << std::endl;
-        HttpResult r = c.Call(is_update ? "PUT" : "POST", "/system/secrets", body.dump());
+        HttpResult r =
+            c.Call(is_update ? "PUT" : "POST", "/system/secrets", body.dump());
         if (!is_update && r.status == 409 && secret_replace) {
           r = c.Call("PUT", "/system/secrets", body.dump());
         }
@@ -548,11 +623,13 @@ int RunCli(int argc, char** argv) {
           Fail(absl::StrCat("secret with the name \"", secret_name,
                             "\" already exists, use --replace to update it"));
         }
-        if (r.status == 404) Fail(absl::StrCat("unable to find secret: ", secret_name));
+        if (r.status == 404)
+          Fail(absl::StrCat("unable to find secret: ", secret_name));
         if (r.status < 200 || r.status > 202)
-          Fail(absl::StrCat("server returned unexpected status code: ", r.status, " - ",
-                            Trimmed(r.body)));
-        std::cout << (is_update ? "Updated" : "Created") << ": " << r.status << " OK" << std::endl;
+          Fail(absl::StrCat("server returned unexpected status code: ",
+                            r.status, " - ", Trimmed(r.body)));
+        std::cout << (is_update ? "Updated" : "Created") << ": " << r.status
+                  << " OK" << std::endl;
       }
     } else if (*namespaces) {
       Client c{ResolveGateway(gateway), token};
@@ -562,22 +639,27 @@ int RunCli(int argc, char** argv) {
                      {"annotations", {{"openfaas", "1"}}}};
         HttpResult r = c.Call("POST", "/system/namespace/", body.dump());
         if (r.status != 201 && r.status != 200 && r.status != 202)
-          Fail(absl::StrCat("cannot create namespace ", ns_name, ": ", Trimmed(r.body)));
+          Fail(absl::StrCat("cannot create namespace ", ns_name, ": ",
+                            Trimmed(r.body)));
         std::cout << "Namespace created: " << ns_name << std::endl;
       } else if (*ns_remove) {
-        HttpResult r = c.Call("DELETE", "/system/namespace/" + UrlEncode(ns_name));
+        HttpResult r =
+            c.Call("DELETE", "/system/namespace/" + UrlEncode(ns_name));
         if (r.status != 202 && r.status != 200)
-          Fail(absl::StrCat("cannot remove namespace ", ns_name, ": ", Trimmed(r.body)));
+          Fail(absl::StrCat("cannot remove namespace ", ns_name, ": ",
+                            Trimmed(r.body)));
         std::cout << "Namespace removed: " << ns_name << std::endl;
       } else {
         HttpResult r = c.Call("GET", "/system/namespaces");
         if (r.status != 200)
-          Fail(absl::StrCat("server returned unexpected status code: ", r.status, " - ",
-                            Trimmed(r.body)));
+          Fail(absl::StrCat("server returned unexpected status code: ",
+                            r.status, " - ", Trimmed(r.body)));
         json list = json::parse(r.body, nullptr, false);
-        if (!list.is_array()) Fail("cannot parse the namespace list from the gateway");
+        if (!list.is_array())
+          Fail("cannot parse the namespace list from the gateway");
         std::cout << "Namespaces:" << std::endl;
-        for (const auto& n : list) std::cout << " - " << n.get<std::string>() << std::endl;
+        for (const auto& n : list)
+          std::cout << " - " << n.get<std::string>() << std::endl;
       }
     } else if (*version) {
       Version(gateway, token, short_version);

@@ -16,8 +16,11 @@
 namespace silt::deploy {
 
 std::string ConfigDir() {
-  if (const char* d = std::getenv("OPENFAAS_CONFIG"); d != nullptr && *d != '\0') return d;
-  if (const char* ci = std::getenv("CI"); ci != nullptr && std::string(ci) == "true")
+  if (const char* d = std::getenv("OPENFAAS_CONFIG");
+      d != nullptr && *d != '\0')
+    return d;
+  if (const char* ci = std::getenv("CI");
+      ci != nullptr && std::string(ci) == "true")
     return ".openfaas";
   const char* home = std::getenv("HOME");
   return absl::StrCat(home != nullptr ? home : ".", "/.openfaas");
@@ -41,7 +44,8 @@ absl::StatusOr<std::vector<AuthEntry>> ReadAuthEntries() {
       }
     }
   } catch (const YAML::Exception& e) {
-    return absl::DataLossError(absl::StrCat("cannot parse ", path, ": ", e.what()));
+    return absl::DataLossError(
+        absl::StrCat("cannot parse ", path, ": ", e.what()));
   }
   return out;
 }
@@ -52,9 +56,12 @@ absl::Status WriteEntries(const std::vector<AuthEntry>& entries) {
   std::string dir = ConfigDir();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  if (ec)
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", dir, ": ", ec.message()));
   YAML::Emitter out;
-  out << YAML::BeginMap << YAML::Key << "auths" << YAML::Value << YAML::BeginSeq;
+  out << YAML::BeginMap << YAML::Key << "auths" << YAML::Value
+      << YAML::BeginSeq;
   for (const auto& e : entries) {
     out << YAML::BeginMap << YAML::Key << "gateway" << YAML::Value << e.gateway
         << YAML::Key << "auth" << YAML::Value << e.auth << YAML::Key << "token"
@@ -65,13 +72,16 @@ absl::Status WriteEntries(const std::vector<AuthEntry>& entries) {
   std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0)
-    return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
   std::string text = std::string(out.c_str()) + "\n";
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  bool ok = ::write(fd, text.data(), text.size()) ==
+            static_cast<ssize_t>(text.size());
   ok = ::fsync(fd) == 0 && ok;
   ::close(fd);
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0)
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
   return absl::OkStatus();
 }
 
@@ -95,9 +105,11 @@ absl::Status RemoveAuth(const std::string& gateway) {
   auto entries = ReadAuthEntries();
   if (!entries.ok()) return entries.status();
   size_t before = entries->size();
-  std::erase_if(*entries, [&](const AuthEntry& e) { return e.gateway == gateway; });
+  std::erase_if(*entries,
+                [&](const AuthEntry& e) { return e.gateway == gateway; });
   if (entries->size() == before)
-    return absl::NotFoundError(absl::StrCat("no credentials saved for ", gateway));
+    return absl::NotFoundError(
+        absl::StrCat("no credentials saved for ", gateway));
   return WriteEntries(*entries);
 }
 

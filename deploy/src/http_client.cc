@@ -1,18 +1,17 @@
-#include "absl/strings/string_view.h"
 #include "deploy/http_client.h"
-
-#include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 
 namespace silt::deploy {
@@ -35,12 +34,14 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view url) {
         absl::StrCat("https is not supported by this client: ", url));
   }
   if (!absl::ConsumePrefix(&url, "http://")) {
-    return absl::InvalidArgumentError(absl::StrCat("not an http:// URL: ", url));
+    return absl::InvalidArgumentError(
+        absl::StrCat("not an http:// URL: ", url));
   }
   size_t slash = url.find('/');
   absl::string_view hostport = url.substr(0, slash);
   ParsedUrl p;
-  p.target = slash == absl::string_view::npos ? "/" : std::string(url.substr(slash));
+  p.target =
+      slash == absl::string_view::npos ? "/" : std::string(url.substr(slash));
   if (absl::StartsWith(hostport, "[")) {
     size_t close = hostport.find(']');
     if (close == absl::string_view::npos)
@@ -51,9 +52,12 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view url) {
   } else {
     size_t colon = hostport.rfind(':');
     p.host = std::string(hostport.substr(0, colon));
-    p.port = colon == absl::string_view::npos ? "80" : std::string(hostport.substr(colon + 1));
+    p.port = colon == absl::string_view::npos
+                 ? "80"
+                 : std::string(hostport.substr(colon + 1));
   }
-  if (p.host.empty()) return absl::InvalidArgumentError(absl::StrCat("no host in URL: ", url));
+  if (p.host.empty())
+    return absl::InvalidArgumentError(absl::StrCat("no host in URL: ", url));
   return p;
 }
 
@@ -81,8 +85,8 @@ absl::StatusOr<HttpResult> Send(const HttpCall& call) {
   stream.expires_after(call.timeout);
   stream.connect(endpoints, ec);
   if (ec) {
-    return absl::UnavailableError(absl::StrCat("cannot connect to ", url->host, ":",
-                                               url->port, ": ", ec.message()));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot connect to ", url->host, ":", url->port, ": ", ec.message()));
   }
   http::request<http::string_body> req;
   req.method_string(call.method);
@@ -99,8 +103,8 @@ absl::StatusOr<HttpResult> Send(const HttpCall& call) {
   req.keep_alive(false);
   http::write(stream, req, ec);
   if (ec) {
-    return absl::UnavailableError(absl::StrCat("sending ", call.method, " ", call.url, ": ",
-                                               ec.message()));
+    return absl::UnavailableError(absl::StrCat("sending ", call.method, " ",
+                                               call.url, ": ", ec.message()));
   }
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
@@ -108,14 +112,16 @@ absl::StatusOr<HttpResult> Send(const HttpCall& call) {
   if (call.method == "HEAD") parser.skip(true);
   http::read(stream, buffer, parser, ec);
   if (ec && ec != http::error::end_of_stream) {
-    return absl::UnavailableError(absl::StrCat("reading the answer to ", call.method, " ",
-                                               call.url, ": ", ec.message()));
+    return absl::UnavailableError(absl::StrCat("reading the answer to ",
+                                               call.method, " ", call.url, ": ",
+                                               ec.message()));
   }
   auto& res = parser.get();
   HttpResult out;
   out.status = static_cast<int>(res.result_int());
   for (const auto& f : res) {
-    out.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+    out.headers.emplace_back(std::string(f.name_string()),
+                             std::string(f.value()));
   }
   out.body = std::move(res.body());
   stream.socket().shutdown(tcp::socket::shutdown_both, ec);
@@ -124,7 +130,8 @@ absl::StatusOr<HttpResult> Send(const HttpCall& call) {
 
 std::string NormalizeGatewayUrl(absl::string_view url) {
   std::string u = absl::AsciiStrToLower(absl::StripAsciiWhitespace(url));
-  if (!absl::StartsWith(u, "http://") && !absl::StartsWith(u, "https://")) u = "http://" + u;
+  if (!absl::StartsWith(u, "http://") && !absl::StartsWith(u, "https://"))
+    u = "http://" + u;
   while (absl::EndsWith(u, "/")) u.pop_back();
   return u;
 }
@@ -132,7 +139,8 @@ std::string NormalizeGatewayUrl(absl::string_view url) {
 std::string UrlEncode(absl::string_view s) {
   std::string out;
   for (unsigned char c : s) {
-    if (absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+    if (absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.' ||
+        c == '~') {
       out.push_back(static_cast<char>(c));
     } else {
       out += absl::StrFormat("%%%02X", c);

@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "deploy/stack.h"
 
 #include <yaml-cpp/yaml.h>
@@ -9,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace silt::deploy {
@@ -22,12 +22,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// Reads a scalar/map/sequence with a message naming the field on a type mismatch.
-absl::Status ReadMap(const YAML::Node& n, const std::string& field, StringMap& out) {
+// Reads a scalar/map/sequence with a message naming the field on a type
+// mismatch.
+absl::Status ReadMap(const YAML::Node& n, const std::string& field,
+                     StringMap& out) {
   if (!n || n.IsNull()) return absl::OkStatus();
-  if (!n.IsMap()) return absl::InvalidArgumentError(absl::StrCat(field, " must be a map"));
+  if (!n.IsMap())
+    return absl::InvalidArgumentError(absl::StrCat(field, " must be a map"));
   for (const auto& kv : n) {
-    out[kv.first.as<std::string>()] = kv.second.IsNull() ? "" : kv.second.as<std::string>();
+    out[kv.first.as<std::string>()] =
+        kv.second.IsNull() ? "" : kv.second.as<std::string>();
   }
   return absl::OkStatus();
 }
@@ -41,9 +45,11 @@ absl::Status ReadList(const YAML::Node& n, const std::string& field,
   return absl::OkStatus();
 }
 
-absl::Status ReadResources(const YAML::Node& n, const std::string& field, StackResources& r) {
+absl::Status ReadResources(const YAML::Node& n, const std::string& field,
+                           StackResources& r) {
   if (!n || n.IsNull()) return absl::OkStatus();
-  if (!n.IsMap()) return absl::InvalidArgumentError(absl::StrCat(field, " must be a map"));
+  if (!n.IsMap())
+    return absl::InvalidArgumentError(absl::StrCat(field, " must be a map"));
   if (n["memory"]) r.memory = n["memory"].as<std::string>();
   if (n["cpu"]) r.cpu = n["cpu"].as<std::string>();
   return absl::OkStatus();
@@ -57,7 +63,8 @@ std::string Scalar(const YAML::Node& n) {
 
 std::string EnvSubst(
     absl::string_view text,
-    const std::function<std::optional<std::string>(const std::string&)>& lookup) {
+    const std::function<std::optional<std::string>(const std::string&)>&
+        lookup) {
   auto get = [&](const std::string& name) -> std::optional<std::string> {
     if (lookup) return lookup(name);
     const char* v = std::getenv(name.c_str());
@@ -98,12 +105,13 @@ absl::StatusOr<Stack> ParseStack(absl::string_view yaml, const std::string& dir,
   Stack stack;
   try {
     YAML::Node root = YAML::Load(text);
-    if (!root.IsMap()) return absl::InvalidArgumentError("stack file must be a YAML map");
+    if (!root.IsMap())
+      return absl::InvalidArgumentError("stack file must be a YAML map");
     if (root["version"]) {
       std::string v = root["version"].as<std::string>();
       if (v != "1.0")
-        return absl::InvalidArgumentError(
-            absl::StrCat("stack file version \"", v, "\" is not supported: use 1.0"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "stack file version \"", v, "\" is not supported: use 1.0"));
     }
     YAML::Node provider = root["provider"];
     if (provider && provider.IsMap()) {
@@ -111,10 +119,11 @@ absl::StatusOr<Stack> ParseStack(absl::string_view yaml, const std::string& dir,
       stack.gateway = Scalar(provider["gateway"]);
     }
     if (stack.provider_name != "openfaas") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "['openfaas'] is the only valid \"provider.name\" for the OpenFaaS CLI, but you "
-          "gave: ",
-          stack.provider_name));
+      return absl::InvalidArgumentError(
+          absl::StrCat("['openfaas'] is the only valid \"provider.name\" for "
+                       "the OpenFaaS CLI, but you "
+                       "gave: ",
+                       stack.provider_name));
     }
     YAML::Node functions = root["functions"];
     if (!functions || !functions.IsMap() || functions.size() == 0)
@@ -124,7 +133,8 @@ absl::StatusOr<Stack> ParseStack(absl::string_view yaml, const std::string& dir,
       f.name = kv.first.as<std::string>();
       const YAML::Node& n = kv.second;
       if (!n.IsMap())
-        return absl::InvalidArgumentError(absl::StrCat("function ", f.name, " must be a map"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("function ", f.name, " must be a map"));
       std::string where = absl::StrCat("functions.", f.name, ".");
       f.lang = Scalar(n["lang"]);
       if (f.lang == "Dockerfile") f.lang = "dockerfile";
@@ -136,12 +146,13 @@ absl::StatusOr<Stack> ParseStack(absl::string_view yaml, const std::string& dir,
       if (n["readonly_root_filesystem"])
         f.readonly_root_filesystem = n["readonly_root_filesystem"].as<bool>();
       std::vector<std::string> env_files;
-      for (absl::Status s : {ReadList(n["environment_file"], where + "environment_file",
-                                      env_files),
-                             ReadList(n["secrets"], where + "secrets", f.secrets),
-                             ReadList(n["constraints"], where + "constraints", f.constraints),
-                             ReadResources(n["limits"], where + "limits", f.limits),
-                             ReadResources(n["requests"], where + "requests", f.requests)}) {
+      for (absl::Status s :
+           {ReadList(n["environment_file"], where + "environment_file",
+                     env_files),
+            ReadList(n["secrets"], where + "secrets", f.secrets),
+            ReadList(n["constraints"], where + "constraints", f.constraints),
+            ReadResources(n["limits"], where + "limits", f.limits),
+            ReadResources(n["requests"], where + "requests", f.requests)}) {
         if (!s.ok()) return s;
       }
       for (const auto& file : env_files) {
@@ -149,25 +160,32 @@ absl::StatusOr<Stack> ParseStack(absl::string_view yaml, const std::string& dir,
         auto content = ReadFile(path);
         if (!content.ok()) return content.status();
         YAML::Node env = YAML::Load(envsubst ? EnvSubst(*content) : *content);
-        if (auto s = ReadMap(env["environment"], path + ": environment", f.environment);
+        if (auto s = ReadMap(env["environment"], path + ": environment",
+                             f.environment);
             !s.ok())
           return s;
       }
-      if (auto s = ReadMap(n["environment"], where + "environment", f.environment); !s.ok())
+      if (auto s =
+              ReadMap(n["environment"], where + "environment", f.environment);
+          !s.ok())
         return s;
       if (n["labels"]) {
         f.labels.emplace();
-        if (auto s = ReadMap(n["labels"], where + "labels", *f.labels); !s.ok()) return s;
+        if (auto s = ReadMap(n["labels"], where + "labels", *f.labels); !s.ok())
+          return s;
       }
       if (n["annotations"]) {
         f.annotations.emplace();
-        if (auto s = ReadMap(n["annotations"], where + "annotations", *f.annotations); !s.ok())
+        if (auto s = ReadMap(n["annotations"], where + "annotations",
+                             *f.annotations);
+            !s.ok())
           return s;
       }
       stack.functions.push_back(std::move(f));
     }
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid stack file: ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid stack file: ", e.what()));
   }
   return stack;
 }
@@ -193,9 +211,10 @@ std::string DeploymentJson(const StackFunction& f) {
   if (!f.environment.empty()) j["envVars"] = f.environment;
   if (!f.constraints.empty()) j["constraints"] = f.constraints;
   if (!f.secrets.empty()) j["secrets"] = f.secrets;
-  j["labels"] = f.labels ? nlohmann::ordered_json(*f.labels) : nlohmann::ordered_json();
-  j["annotations"] =
-      f.annotations ? nlohmann::ordered_json(*f.annotations) : nlohmann::ordered_json();
+  j["labels"] =
+      f.labels ? nlohmann::ordered_json(*f.labels) : nlohmann::ordered_json();
+  j["annotations"] = f.annotations ? nlohmann::ordered_json(*f.annotations)
+                                   : nlohmann::ordered_json();
   auto resources = [](const StackResources& r) {
     nlohmann::ordered_json o = nlohmann::ordered_json::object();
     if (!r.memory.empty()) o["memory"] = r.memory;

@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "api.h"
 
 #include <chrono>
@@ -11,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "silt/version.h"
 
 namespace silt::gateway {
@@ -26,7 +26,9 @@ int64_t NowNanos() {
 }
 
 HttpResponse MethodNotAllowed() { return HttpResponse::Empty(405); }
-HttpResponse PageNotFound() { return HttpResponse::Text(404, "404 page not found"); }
+HttpResponse PageNotFound() {
+  return HttpResponse::Text(404, "404 page not found");
+}
 
 bool HasTraversal(absl::string_view name) {
   return absl::StrContains(name, "/") || absl::StrContains(name, "..");
@@ -36,7 +38,8 @@ bool HasTraversal(absl::string_view name) {
 bool IsRouteName(absl::string_view s) {
   if (s.empty()) return false;
   for (char c : s) {
-    if (!(absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.')) return false;
+    if (!(absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.'))
+      return false;
   }
   return true;
 }
@@ -52,9 +55,9 @@ absl::Status ValidateResources(absl::string_view field,
                                const std::optional<FunctionResources>& r) {
   if (!r) return absl::OkStatus();
   if (!r->memory.empty() && !IsQuantity(r->memory)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid ", field, ".memory \"", r->memory,
-        "\": expected a Kubernetes quantity such as 128Mi or 1G"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid ", field, ".memory \"", r->memory,
+                     "\": expected a Kubernetes quantity such as 128Mi or 1G"));
   }
   if (!r->cpu.empty() && !IsQuantity(r->cpu)) {
     return absl::InvalidArgumentError(
@@ -83,28 +86,40 @@ std::string NewCallId() {
   // RFC 4122 version 4 layout.
   a = (a & 0xffffffffffff0fffULL) | 0x0000000000004000ULL;
   b = (b & 0x3fffffffffffffffULL) | 0x8000000000000000ULL;
-  return absl::StrFormat("%08x-%04x-%04x-%04x-%012x", a >> 32, (a >> 16) & 0xffff,
-                         a & 0xffff, b >> 48, b & 0xffffffffffffULL);
+  return absl::StrFormat("%08x-%04x-%04x-%04x-%012x", a >> 32,
+                         (a >> 16) & 0xffff, a & 0xffff, b >> 48,
+                         b & 0xffffffffffffULL);
 }
 
 }  // namespace
 
 int HttpStatusFor(const absl::Status& s) {
   switch (s.code()) {
-    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kOk:
+      return 200;
     case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange: return 400;
-    case absl::StatusCode::kUnauthenticated: return 401;
-    case absl::StatusCode::kPermissionDenied: return 403;
-    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
     case absl::StatusCode::kAlreadyExists:
     case absl::StatusCode::kAborted:
-    case absl::StatusCode::kFailedPrecondition: return 409;
-    case absl::StatusCode::kResourceExhausted: return 429;
-    case absl::StatusCode::kUnimplemented: return 501;
-    case absl::StatusCode::kUnavailable: return 503;
-    case absl::StatusCode::kDeadlineExceeded: return 504;
-    default: return 500;
+    case absl::StatusCode::kFailedPrecondition:
+      return 409;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnimplemented:
+      return 501;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
   }
 }
 
@@ -113,10 +128,12 @@ HttpResponse ErrorResponse(const absl::Status& s) {
 }
 
 absl::Status ValidateName(absl::string_view kind, absl::string_view name) {
-  bool ok = !name.empty() && name.size() <= 63 && absl::ascii_isalnum(name.front()) &&
+  bool ok = !name.empty() && name.size() <= 63 &&
+            absl::ascii_isalnum(name.front()) &&
             absl::ascii_isalnum(name.back());
   for (char c : name) {
-    if (!(absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-')) ok = false;
+    if (!(absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-'))
+      ok = false;
   }
   if (ok) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -141,13 +158,15 @@ HttpResponse Api::Handle(const HttpRequest& req) {
   std::string route = "other";
   absl::StatusOr<HttpResponse> res = Route(req, route);
   HttpResponse out = res.ok() ? *std::move(res) : ErrorResponse(res.status());
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                    .count();
+  double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   metrics_->HttpRequest(req.method, route, out.status, secs);
   return out;
 }
 
-absl::StatusOr<HttpResponse> Api::Route(const HttpRequest& req, std::string& route) {
+absl::StatusOr<HttpResponse> Api::Route(const HttpRequest& req,
+                                        std::string& route) {
   absl::string_view path = req.path;
   const std::string& m = req.method;
 
@@ -156,12 +175,14 @@ absl::StatusOr<HttpResponse> Api::Route(const HttpRequest& req, std::string& rou
     if (m != "GET" && m != "HEAD") return MethodNotAllowed();
     return HttpResponse::Text(200, "OK");
   }
-  if (absl::StartsWith(path, "/function/") || absl::StartsWith(path, "/async-function/")) {
+  if (absl::StartsWith(path, "/function/") ||
+      absl::StartsWith(path, "/async-function/")) {
     bool async = absl::StartsWith(path, "/async-function/");
     route = async ? "/async-function/{name}" : "/function/{name}";
     absl::string_view rest = path.substr(async ? 16 : 10);
     absl::string_view name = rest.substr(0, rest.find('/'));
-    if (!IsRouteName(name) && !absl::StartsWith(name, ".")) return PageNotFound();
+    if (!IsRouteName(name) && !absl::StartsWith(name, "."))
+      return PageNotFound();
     return Invoke(req, async, name);
   }
   if (!absl::StartsWith(path, "/system/")) {
@@ -174,11 +195,12 @@ absl::StatusOr<HttpResponse> Api::Route(const HttpRequest& req, std::string& rou
     return PageNotFound();
   }
 
-  // /system/*: find the route first (unknown routes are 404 even without credentials),
-  // then authenticate.
+  // /system/*: find the route first (unknown routes are 404 even without
+  // credentials), then authenticate.
   absl::string_view sub = path.substr(8);
   absl::string_view head = sub.substr(0, sub.find('/'));
-  absl::string_view arg = head.size() < sub.size() ? sub.substr(head.size() + 1) : "";
+  absl::string_view arg =
+      head.size() < sub.size() ? sub.substr(head.size() + 1) : "";
   bool has_arg = head.size() < sub.size();
   auto need_auth = [&]() -> std::optional<HttpResponse> {
     if (!options_.auth_enabled) return std::nullopt;
@@ -188,9 +210,8 @@ absl::StatusOr<HttpResponse> Api::Route(const HttpRequest& req, std::string& rou
     r.SetHeader("WWW-Authenticate", "Basic realm=\"Restricted\"");
     return r;
   };
-#define SILT_AUTH()                     \
-  if (auto denied = need_auth(); denied) \
-    return *std::move(denied);
+#define SILT_AUTH() \
+  if (auto denied = need_auth(); denied) return *std::move(denied);
 
   if (head == "functions" && !has_arg) {
     route = "/system/functions";
@@ -271,8 +292,8 @@ absl::Status Api::CheckNamespace(absl::string_view ns) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> Api::ResolveNamespace(absl::string_view from_body,
-                                                  const HttpRequest& req) const {
+absl::StatusOr<std::string> Api::ResolveNamespace(
+    absl::string_view from_body, const HttpRequest& req) const {
   std::string ns(from_body);
   if (ns.empty()) ns = req.QueryParam("namespace");
   if (ns.empty()) ns = std::string(kDefaultNamespace);
@@ -284,9 +305,9 @@ absl::StatusOr<FunctionDeployment> Api::LoadDeployment(
     const store::FunctionRecord& rec) const {
   auto d = ParseFunctionDeployment(rec.spec);
   if (!d.ok()) {
-    return absl::DataLossError(absl::StrCat("stored deployment of ", rec.name, ".",
-                                            rec.ns, " is unreadable: ",
-                                            d.status().message()));
+    return absl::DataLossError(
+        absl::StrCat("stored deployment of ", rec.name, ".", rec.ns,
+                     " is unreadable: ", d.status().message()));
   }
   return d;
 }
@@ -294,7 +315,8 @@ absl::StatusOr<FunctionDeployment> Api::LoadDeployment(
 ordered_json Api::StatusJson(const store::FunctionRecord& rec,
                              const FunctionDeployment& d) const {
   FunctionStatusExtra extra;
-  extra.invocation_count = metrics_->InvocationCount(absl::StrCat(rec.name, ".", rec.ns));
+  extra.invocation_count =
+      metrics_->InvocationCount(absl::StrCat(rec.name, ".", rec.ns));
   extra.replicas = rec.replicas;
   extra.available_replicas = 0;  // no instances run until invokers exist
   extra.created_at_unix_nanos = rec.created_at_unix_nanos;
@@ -317,12 +339,14 @@ absl::StatusOr<HttpResponse> Api::ListFunctions(const HttpRequest& req) {
   return HttpResponse::Json(200, out.dump());
 }
 
-absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req, bool update) {
+absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
+                                                 bool update) {
   if (req.body.empty()) return absl::InvalidArgumentError("expected a body");
   auto d = ParseFunctionDeployment(req.body);
   if (!d.ok()) return d.status();
   if (d->service.empty())
-    return absl::InvalidArgumentError("service is required: the function's name");
+    return absl::InvalidArgumentError(
+        "service is required: the function's name");
   if (HasTraversal(d->service))
     return absl::InvalidArgumentError("directory traversal found in name");
   if (auto s = ValidateName("function", d->service); !s.ok()) return s;
@@ -344,13 +368,15 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req, bool up
   for (const auto& secret : d->secrets) {
     auto s = store_->GetSecret(*ns, secret);
     if (absl::IsNotFound(s.status()))
-      return absl::InvalidArgumentError(absl::StrCat("unable to find secret: ", secret));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unable to find secret: ", secret));
     if (!s.ok()) return s.status();
   }
 
   std::lock_guard<std::mutex> lock(write_mu_);
   auto existing = store_->GetFunction(*ns, d->service);
-  if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
+  if (!existing.ok() && !absl::IsNotFound(existing.status()))
+    return existing.status();
   store::FunctionRecord rec;
   if (update) {
     if (!existing.ok()) {
@@ -361,9 +387,9 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req, bool up
     rec.generation++;
   } else {
     if (existing.ok()) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("function ", d->service, " already exists in namespace ", *ns,
-                       ": update it with PUT /system/functions (silt deploy does)"));
+      return absl::AlreadyExistsError(absl::StrCat(
+          "function ", d->service, " already exists in namespace ", *ns,
+          ": update it with PUT /system/functions (silt deploy does)"));
     }
     rec.ns = *ns;
     rec.name = d->service;
@@ -385,9 +411,10 @@ absl::StatusOr<HttpResponse> Api::DeleteFunction(const HttpRequest& req) {
   auto j = ParseJsonObject(req.body);
   if (!j.ok()) return j.status();
   std::string name = j->value("functionName", "");
-  std::string body_ns = j->contains("namespace") && (*j)["namespace"].is_string()
-                            ? (*j)["namespace"].get<std::string>()
-                            : "";
+  std::string body_ns =
+      j->contains("namespace") && (*j)["namespace"].is_string()
+          ? (*j)["namespace"].get<std::string>()
+          : "";
   if (name.empty())
     return absl::InvalidArgumentError("functionName is required");
   auto ns = ResolveNamespace(body_ns, req);
@@ -395,7 +422,8 @@ absl::StatusOr<HttpResponse> Api::DeleteFunction(const HttpRequest& req) {
   std::lock_guard<std::mutex> lock(write_mu_);
   auto rec = store_->GetFunction(*ns, name);
   if (absl::IsNotFound(rec.status()))
-    return absl::NotFoundError(absl::StrCat("function ", name, ".", *ns, " not found"));
+    return absl::NotFoundError(
+        absl::StrCat("function ", name, ".", *ns, " not found"));
   if (!rec.ok()) return rec.status();
   store::WriteBatch batch;
   batch.DeleteFunction(*ns, name);
@@ -417,15 +445,16 @@ absl::StatusOr<HttpResponse> Api::GetFunction(const HttpRequest& req,
 
 absl::StatusOr<HttpResponse> Api::ScaleFunction(const HttpRequest& req,
                                                 absl::string_view path_name) {
-  if (req.body.empty()) return absl::InvalidArgumentError("Error reading request body");
+  if (req.body.empty())
+    return absl::InvalidArgumentError("Error reading request body");
   json j = json::parse(req.body, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return absl::InvalidArgumentError("Error unmarshalling request body");
   std::string name(path_name);
   std::string body_ns;
   uint64_t replicas = 0;
-  if (auto it = j.find("serviceName"); it != j.end() && it->is_string() &&
-                                       !it->get<std::string>().empty()) {
+  if (auto it = j.find("serviceName");
+      it != j.end() && it->is_string() && !it->get<std::string>().empty()) {
     name = it->get<std::string>();
   }
   if (auto it = j.find("namespace"); it != j.end() && it->is_string())
@@ -433,7 +462,8 @@ absl::StatusOr<HttpResponse> Api::ScaleFunction(const HttpRequest& req,
   if (auto it = j.find("replicas"); it != j.end() && !it->is_null()) {
     if (!it->is_number_unsigned()) {
       return absl::InvalidArgumentError(
-          "Error unmarshalling request body: replicas must be a non-negative integer");
+          "Error unmarshalling request body: replicas must be a non-negative "
+          "integer");
     }
     replicas = it->get<uint64_t>();
   }
@@ -442,12 +472,14 @@ absl::StatusOr<HttpResponse> Api::ScaleFunction(const HttpRequest& req,
   std::lock_guard<std::mutex> lock(write_mu_);
   auto rec = store_->GetFunction(*ns, name);
   if (absl::IsNotFound(rec.status()))
-    return absl::NotFoundError(absl::StrCat("function ", name, ".", *ns, " not found"));
+    return absl::NotFoundError(
+        absl::StrCat("function ", name, ".", *ns, " not found"));
   if (!rec.ok()) return rec.status();
   auto d = LoadDeployment(*rec);
   if (!d.ok()) return d.status();
   auto max_scale = ScaleLabel(*d, "com.openfaas.scale.max");
-  if (max_scale.ok() && *max_scale && replicas > **max_scale) replicas = **max_scale;
+  if (max_scale.ok() && *max_scale && replicas > **max_scale)
+    replicas = **max_scale;
   rec->replicas = replicas;
   store::WriteBatch batch;
   batch.PutFunction(*rec);
@@ -483,11 +515,14 @@ absl::StatusOr<HttpResponse> Api::Namespace(const HttpRequest& req,
                                             absl::string_view path_ns) {
   const std::string& m = req.method;
   if (m == "GET") {
-    if (path_ns.empty()) return absl::InvalidArgumentError("namespace name is required in the path");
+    if (path_ns.empty())
+      return absl::InvalidArgumentError(
+          "namespace name is required in the path");
     if (path_ns == kDefaultNamespace) {
-      return HttpResponse::Json(
-          200, ordered_json({{"name", kDefaultNamespace}, {"labels", {{"openfaas", "1"}}}})
-                   .dump());
+      return HttpResponse::Json(200,
+                                ordered_json({{"name", kDefaultNamespace},
+                                              {"labels", {{"openfaas", "1"}}}})
+                                    .dump());
     }
     auto rec = store_->GetNamespace(path_ns);
     if (!rec.ok()) return rec.status();
@@ -501,26 +536,30 @@ absl::StatusOr<HttpResponse> Api::Namespace(const HttpRequest& req,
     if (!n.ok()) return n.status();
     if (n->name.empty()) n->name = std::string(path_ns);
     if (!path_ns.empty() && n->name != path_ns) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "namespace name in the body (", n->name, ") must match the path (", path_ns, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("namespace name in the body (", n->name,
+                       ") must match the path (", path_ns, ")"));
     }
     if (HasTraversal(n->name))
       return absl::InvalidArgumentError("directory traversal found in name");
     if (auto s = ValidateName("namespace", n->name); !s.ok()) return s;
     auto it = n->labels.find("openfaas");
     if (it == n->labels.end() || (it->second != "1" && it->second != "true"))
-      return absl::InvalidArgumentError("request does not have openfaas=1 label");
+      return absl::InvalidArgumentError(
+          "request does not have openfaas=1 label");
     std::lock_guard<std::mutex> lock(write_mu_);
-    bool exists = n->name == kDefaultNamespace || store_->GetNamespace(n->name).ok();
+    bool exists =
+        n->name == kDefaultNamespace || store_->GetNamespace(n->name).ok();
     if (m == "POST" && exists) {
       return absl::AlreadyExistsError(
           absl::StrCat("namespace ", n->name, " already exists"));
     }
     if (m == "PUT" && !exists)
-      return absl::NotFoundError(absl::StrCat("namespace ", n->name, " not found"));
+      return absl::NotFoundError(
+          absl::StrCat("namespace ", n->name, " not found"));
     if (n->name == kDefaultNamespace) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the default namespace ", kDefaultNamespace, " cannot be changed"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the default namespace ", kDefaultNamespace, " cannot be changed"));
     }
     store::WriteBatch batch;
     batch.PutNamespace({n->name, n->labels, n->annotations});
@@ -534,10 +573,11 @@ absl::StatusOr<HttpResponse> Api::Namespace(const HttpRequest& req,
       if (!n.ok()) return n.status();
       name = n->name;
     }
-    if (name.empty()) return absl::InvalidArgumentError("namespace name is required");
+    if (name.empty())
+      return absl::InvalidArgumentError("namespace name is required");
     if (name == kDefaultNamespace) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the default namespace ", kDefaultNamespace, " cannot be removed"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the default namespace ", kDefaultNamespace, " cannot be removed"));
     }
     std::lock_guard<std::mutex> lock(write_mu_);
     auto rec = store_->GetNamespace(name);
@@ -567,11 +607,13 @@ absl::StatusOr<HttpResponse> Api::ListSecrets(const HttpRequest& req) {
   auto recs = store_->ListSecrets(*ns);
   if (!recs.ok()) return recs.status();
   ordered_json out = ordered_json::array();
-  for (const auto& r : *recs) out.push_back({{"name", r.name}, {"namespace", r.ns}});
+  for (const auto& r : *recs)
+    out.push_back({{"name", r.name}, {"namespace", r.ns}});
   return HttpResponse::Json(200, out.dump());
 }
 
-absl::StatusOr<HttpResponse> Api::WriteSecret(const HttpRequest& req, bool update) {
+absl::StatusOr<HttpResponse> Api::WriteSecret(const HttpRequest& req,
+                                              bool update) {
   if (req.body.empty()) return absl::InvalidArgumentError("expected a body");
   auto secret = ParseSecret(req.body);
   if (!secret.ok()) return secret.status();
@@ -580,15 +622,16 @@ absl::StatusOr<HttpResponse> Api::WriteSecret(const HttpRequest& req, bool updat
   if (HasTraversal(secret->name))
     return absl::InvalidArgumentError("directory traversal found in name");
   if (!IsRouteName(secret->name)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid secret name \"", secret->name,
-        "\": use letters, digits, '-', '_' and '.'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid secret name \"", secret->name,
+                     "\": use letters, digits, '-', '_' and '.'"));
   }
   auto ns = ResolveNamespace(secret->ns, req);
   if (!ns.ok()) return ns.status();
   std::lock_guard<std::mutex> lock(write_mu_);
   auto existing = store_->GetSecret(*ns, secret->name);
-  if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
+  if (!existing.ok() && !absl::IsNotFound(existing.status()))
+    return existing.status();
   if (update && !existing.ok()) return existing.status();
   if (!update && existing.ok()) {
     return absl::AlreadyExistsError(absl::StrCat(
@@ -630,11 +673,12 @@ absl::StatusOr<HttpResponse> Api::Logs(const HttpRequest& req) {
   int64_t tail_n = 0;
   if ((!tail.empty() && !absl::SimpleAtoi(tail, &tail_n)) ||
       (!since.empty() && !ParseRfc3339(since).ok()) ||
-      (!follow.empty() && follow != "true" && follow != "false" && follow != "1" &&
-       follow != "0")) {
+      (!follow.empty() && follow != "true" && follow != "false" &&
+       follow != "1" && follow != "0")) {
     return HttpResponse::Text(422, "could not parse the log request");
   }
-  if (name.empty()) return absl::InvalidArgumentError("name is required: ?name=FUNCTION");
+  if (name.empty())
+    return absl::InvalidArgumentError("name is required: ?name=FUNCTION");
   auto ns = ResolveNamespace("", req);
   if (!ns.ok()) return ns.status();
   auto rec = store_->GetFunction(*ns, name);
@@ -642,14 +686,15 @@ absl::StatusOr<HttpResponse> Api::Logs(const HttpRequest& req) {
   // No instance has run yet, so there are no lines to send.
   HttpResponse r;
   r.status = 200;
-  r.headers = {{"Content-Type", "application/x-ndjson"}, {"Connection", "Keep-Alive"}};
+  r.headers = {{"Content-Type", "application/x-ndjson"},
+               {"Connection", "Keep-Alive"}};
   return r;
 }
 
 absl::StatusOr<HttpResponse> Api::Invoke(const HttpRequest& req, bool async,
                                          absl::string_view name_and_ns) {
-  static constexpr absl::string_view kMethods[] = {"GET",    "POST",    "PUT", "PATCH",
-                                                  "DELETE", "OPTIONS", "HEAD"};
+  static constexpr absl::string_view kMethods[] = {
+      "GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"};
   bool allowed = async ? req.method == "POST"
                        : std::find(std::begin(kMethods), std::end(kMethods),
                                    req.method) != std::end(kMethods);
@@ -672,22 +717,27 @@ absl::StatusOr<HttpResponse> Api::Invoke(const HttpRequest& req, bool async,
                 store_->GetFunction(ns, name).ok();
   if (!exists) {
     res = HttpResponse::Text(
-        404, absl::StrCat("error finding function ", fn,
-                          ": server returned non-200 status code (404) for function, ",
-                          name, ", body: "));
+        404, absl::StrCat(
+                 "error finding function ", fn,
+                 ": server returned non-200 status code (404) for function, ",
+                 name, ", body: "));
   } else if (async) {
-    res = HttpResponse::Text(
-        501, "asynchronous invocation is not available yet: call /function/ instead");
+    res = HttpResponse::Text(501,
+                             "asynchronous invocation is not available yet: "
+                             "call /function/ instead");
   } else {
-    // Instances come with the invoker; until one registers, nothing can serve the call.
-    res = HttpResponse::Text(503, absl::StrCat("No endpoints available for: ", name, "."));
+    // Instances come with the invoker; until one registers, nothing can serve
+    // the call.
+    res = HttpResponse::Text(
+        503, absl::StrCat("No endpoints available for: ", name, "."));
     res.SetHeader("X-OpenFaaS-Internal", "proxy");
   }
   if (exists) {
     metrics_->InvocationStarted(fn);
     metrics_->InvocationDone(
         fn, res.status,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count());
   }
   if (echo_call_id) res.SetHeader("X-Call-Id", call_id);
   res.SetHeader("X-Start-Time", std::to_string(NowNanos()));
@@ -702,7 +752,8 @@ HttpResponse Api::HandleMetricsPort(const HttpRequest& req) {
   if (req.method != "GET" && req.method != "HEAD") return MethodNotAllowed();
   std::map<std::string, uint64_t> replicas;
   if (auto recs = store_->ListFunctions(""); recs.ok()) {
-    for (const auto& r : *recs) replicas[absl::StrCat(r.name, ".", r.ns)] = r.replicas;
+    for (const auto& r : *recs)
+      replicas[absl::StrCat(r.name, ".", r.ns)] = r.replicas;
   }
   HttpResponse r = HttpResponse::Empty(200);
   r.SetHeader("Content-Type", "text/plain; version=0.0.4; charset=utf-8");

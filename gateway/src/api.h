@@ -1,15 +1,16 @@
-// The OpenFaaS HTTP API of the gateway: routing, auth and every /system, /function and
-// /async-function route, over the store. Beast-free: takes and returns plain values.
+// The OpenFaaS HTTP API of the gateway: routing, auth and every /system,
+// /function and /async-function route, over the store. Beast-free: takes and
+// returns plain values.
 #ifndef SILT_GATEWAY_API_H_
 #define SILT_GATEWAY_API_H_
 
 #include <cstddef>
 #include <mutex>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "auth.h"
 #include "http_types.h"
 #include "metrics.h"
@@ -31,8 +32,8 @@ struct ApiOptions {
 int HttpStatusFor(const absl::Status& s);
 HttpResponse ErrorResponse(const absl::Status& s);
 
-// Function and namespace names: lowercase RFC 1123 labels (what containerd ids and
-// Kubernetes accept), at most 63 characters.
+// Function and namespace names: lowercase RFC 1123 labels (what containerd ids
+// and Kubernetes accept), at most 63 characters.
 absl::Status ValidateName(absl::string_view kind, absl::string_view name);
 
 class Api {
@@ -46,10 +47,12 @@ class Api {
   size_t BodyLimit(absl::string_view path) const;
 
  private:
-  absl::StatusOr<HttpResponse> Route(const HttpRequest& req, std::string& route);
+  absl::StatusOr<HttpResponse> Route(const HttpRequest& req,
+                                     std::string& route);
 
   absl::StatusOr<HttpResponse> ListFunctions(const HttpRequest& req);
-  absl::StatusOr<HttpResponse> DeployFunction(const HttpRequest& req, bool update);
+  absl::StatusOr<HttpResponse> DeployFunction(const HttpRequest& req,
+                                              bool update);
   absl::StatusOr<HttpResponse> DeleteFunction(const HttpRequest& req);
   absl::StatusOr<HttpResponse> GetFunction(const HttpRequest& req,
                                            absl::string_view name);
@@ -66,8 +69,8 @@ class Api {
   absl::StatusOr<HttpResponse> Invoke(const HttpRequest& req, bool async,
                                       absl::string_view name_and_ns);
 
-  // Namespace from the body value, else the ?namespace= query, else the default; it must
-  // exist and carry the openfaas=1 label.
+  // Namespace from the body value, else the ?namespace= query, else the
+  // default; it must exist and carry the openfaas=1 label.
   absl::StatusOr<std::string> ResolveNamespace(absl::string_view from_body,
                                                const HttpRequest& req) const;
   absl::Status CheckNamespace(absl::string_view ns) const;
@@ -79,7 +82,8 @@ class Api {
   store::Store* store_;
   Metrics* metrics_;
   ApiOptions options_;
-  // Serialises read-check-write sequences (deploy, update, scale, namespace removal).
+  // Serialises read-check-write sequences (deploy, update, scale, namespace
+  // removal).
   std::mutex write_mu_;
 };
 

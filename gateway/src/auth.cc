@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "auth.h"
 
 #include <fcntl.h>
@@ -16,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace silt::gateway {
 namespace {
@@ -31,9 +31,10 @@ absl::StatusOr<std::string> ReadTrimmed(const std::string& path) {
   return std::string(absl::StripAsciiWhitespace(ss.str()));
 }
 
-// Writes `content` to `path` with mode 0600 via a temporary file and rename, so a crash
-// never leaves a half-written credential.
-absl::Status WriteSecretFile(const std::string& path, absl::string_view content) {
+// Writes `content` to `path` with mode 0600 via a temporary file and rename, so
+// a crash never leaves a half-written credential.
+absl::Status WriteSecretFile(const std::string& path,
+                             absl::string_view content) {
   std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -67,7 +68,8 @@ std::string RandomPassword() {
 
 }  // namespace
 
-absl::StatusOr<Credentials> LoadOrCreateCredentials(const std::string& secrets_dir) {
+absl::StatusOr<Credentials> LoadOrCreateCredentials(
+    const std::string& secrets_dir) {
   std::error_code ec;
   std::filesystem::create_directories(secrets_dir, ec);
   if (ec) {
@@ -92,9 +94,9 @@ absl::StatusOr<Credentials> LoadOrCreateCredentials(const std::string& secrets_d
   auto password = ReadTrimmed(c.password_file);
   if (!password.ok()) return password.status();
   if (user->empty() || password->empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "empty basic-auth user or password in ", secrets_dir,
-        ": delete both files to generate new ones"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("empty basic-auth user or password in ", secrets_dir,
+                     ": delete both files to generate new ones"));
   }
   c.user = *std::move(user);
   c.password = *std::move(password);
@@ -116,7 +118,8 @@ bool CheckBasicAuth(const Credentials& creds, absl::string_view authorization) {
   size_t colon = decoded.find(':');
   if (colon == std::string::npos) return false;
   absl::string_view user(decoded.data(), colon);
-  absl::string_view password(decoded.data() + colon + 1, decoded.size() - colon - 1);
+  absl::string_view password(decoded.data() + colon + 1,
+                             decoded.size() - colon - 1);
   // Constant time over the expected password's length.
   unsigned char diff = password.size() == creds.password.size() ? 0 : 1;
   for (size_t i = 0; i < creds.password.size(); ++i) {

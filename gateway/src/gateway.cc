@@ -1,16 +1,15 @@
-#include "absl/strings/string_view.h"
 #include "gateway/gateway.h"
-
-#include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
 
 #include <boost/asio/io_context.hpp>
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
 #include <thread>
+#include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "api.h"
 #include "http_server.h"
 #include "store/store.h"
@@ -44,7 +43,8 @@ struct Gateway::Impl {
 Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gateway::~Gateway() = default;
 
-absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const Options& options) {
+absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
+    const Options& options) {
   if (options.data_dir.empty())
     return absl::InvalidArgumentError("--data-dir is required");
   auto impl = std::make_unique<Impl>();
@@ -53,8 +53,8 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const Options& options) 
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir, ec);
   if (ec) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create data dir ", options.data_dir, ": ", ec.message()));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cannot create data dir ", options.data_dir, ": ", ec.message()));
   }
   auto store = store::Store::Open({.path = options.data_dir + "/store"});
   if (!store.ok()) return store.status();
@@ -75,7 +75,9 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const Options& options) 
 
   Api* api = impl->api.get();
   HttpServerOptions http;
-  http.body_limit = [api](absl::string_view path) { return api->BodyLimit(path); };
+  http.body_limit = [api](absl::string_view path) {
+    return api->BodyLimit(path);
+  };
   http.header_timeout = options.read_timeout;
   http.body_timeout = options.read_timeout;
   http.write_timeout = options.write_timeout;
@@ -86,16 +88,21 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const Options& options) 
   impl->server = *std::move(server);
 
   HttpServerOptions metrics_http = http;
-  metrics_http.body_limit = [](absl::string_view) -> size_t { return 64 << 10; };
-  auto metrics_server = HttpServer::Listen(
-      impl->ioc, options.metrics_listen, metrics_http,
-      [api](HttpRequest req, Reply reply) { reply(api->HandleMetricsPort(req)); });
+  metrics_http.body_limit = [](absl::string_view) -> size_t {
+    return 64 << 10;
+  };
+  auto metrics_server =
+      HttpServer::Listen(impl->ioc, options.metrics_listen, metrics_http,
+                         [api](HttpRequest req, Reply reply) {
+                           reply(api->HandleMetricsPort(req));
+                         });
   if (!metrics_server.ok()) return metrics_server.status();
   impl->metrics_server = *std::move(metrics_server);
 
-  int n = options.threads > 0
-              ? options.threads
-              : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+  int n =
+      options.threads > 0
+          ? options.threads
+          : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
   for (int i = 0; i < n; ++i) {
     impl->threads.emplace_back([ioc = &impl->ioc] { ioc->run(); });
   }
@@ -108,8 +115,12 @@ std::string Gateway::listen_address() const {
 std::string Gateway::metrics_address() const {
   return FormatEndpoint(impl_->metrics_server->local_endpoint());
 }
-std::string Gateway::password_file() const { return impl_->credentials.password_file; }
-bool Gateway::credentials_generated() const { return impl_->credentials.generated; }
+std::string Gateway::password_file() const {
+  return impl_->credentials.password_file;
+}
+bool Gateway::credentials_generated() const {
+  return impl_->credentials.generated;
+}
 
 void Gateway::Wait() {
   std::unique_lock<std::mutex> l(impl_->mu);

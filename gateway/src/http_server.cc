@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "http_server.h"
 
 #include <boost/asio/dispatch.hpp>
@@ -9,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace silt::gateway {
 namespace {
@@ -18,7 +18,8 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
-// What every connection of one server shares; kept alive by the connections themselves.
+// What every connection of one server shares; kept alive by the connections
+// themselves.
 struct Shared {
   HttpServerOptions options;
   Handler handler;
@@ -69,12 +70,12 @@ class Session : public std::enable_shared_from_this<Session> {
       auto cont = std::make_shared<http::response<http::empty_body>>(
           http::status::continue_, req.version());
       stream_.expires_after(options_.write_timeout);
-      http::async_write(stream_, *cont,
-                        [self = shared_from_this(), cont](beast::error_code ec,
-                                                          size_t) {
-                          if (ec) return self->Close();
-                          self->ReadBody();
-                        });
+      http::async_write(
+          stream_, *cont,
+          [self = shared_from_this(), cont](beast::error_code ec, size_t) {
+            if (ec) return self->Close();
+            self->ReadBody();
+          });
       return;
     }
     ReadBody();
@@ -111,14 +112,14 @@ class Session : public std::enable_shared_from_this<Session> {
     head_ = msg.method() == http::verb::head;
     parser_.reset();
 
-    // The handler may answer from any thread: hop back onto this connection's strand.
-    handler_(std::move(req),
-             [self = shared_from_this()](HttpResponse res) {
-               asio::dispatch(self->stream_.get_executor(),
-                              [self, res = std::move(res)]() mutable {
-                                self->Write(std::move(res), self->keep_alive_);
-                              });
-             });
+    // The handler may answer from any thread: hop back onto this connection's
+    // strand.
+    handler_(std::move(req), [self = shared_from_this()](HttpResponse res) {
+      asio::dispatch(self->stream_.get_executor(),
+                     [self, res = std::move(res)]() mutable {
+                       self->Write(std::move(res), self->keep_alive_);
+                     });
+    });
   }
 
   void FailRead(beast::error_code ec) {
@@ -127,9 +128,11 @@ class Session : public std::enable_shared_from_this<Session> {
         ec == asio::error::connection_reset) {
       return Close();
     }
-    if (ec.category() == http::make_error_code(http::error::bad_target).category() ||
+    if (ec.category() ==
+            http::make_error_code(http::error::bad_target).category() ||
         ec == http::error::header_limit) {
-      // Malformed or oversized request head: answer once, close only this connection.
+      // Malformed or oversized request head: answer once, close only this
+      // connection.
       int status = ec == http::error::header_limit ? 431 : 400;
       return SendAndClose(HttpResponse::Text(
           status, absl::StrCat("malformed HTTP request: ", ec.message())));
@@ -139,8 +142,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   HttpResponse TooLarge() const {
     return HttpResponse::Text(
-        413, absl::StrCat("request body too large: the limit for this route is ",
-                          body_limit_, " bytes"));
+        413,
+        absl::StrCat("request body too large: the limit for this route is ",
+                     body_limit_, " bytes"));
   }
 
   void SendAndClose(HttpResponse res) {
@@ -156,22 +160,22 @@ class Session : public std::enable_shared_from_this<Session> {
     msg->body() = std::move(res.body);
     msg->keep_alive(keep_alive);
     msg->prepare_payload();
-    if (head_) msg->body().clear();  // Content-Length stays that of the GET body.
+    if (head_)
+      msg->body().clear();  // Content-Length stays that of the GET body.
     stream_.expires_after(options_.write_timeout);
-    http::async_write(
-        stream_, *msg,
-        [self = shared_from_this(), msg, keep_alive](beast::error_code ec,
-                                                     size_t) {
-          if (ec) return self->Close();
-          if (!keep_alive) return self->LingeringClose();
-          self->head_ = false;
-          self->ReadHeader();
-        });
+    http::async_write(stream_, *msg,
+                      [self = shared_from_this(), msg, keep_alive](
+                          beast::error_code ec, size_t) {
+                        if (ec) return self->Close();
+                        if (!keep_alive) return self->LingeringClose();
+                        self->head_ = false;
+                        self->ReadHeader();
+                      });
   }
 
-  // Half-closes, then reads and discards what the client still sends (the rest of a body
-  // we refused) until it closes or a deadline passes, so that the client gets to read our
-  // answer instead of a connection reset.
+  // Half-closes, then reads and discards what the client still sends (the rest
+  // of a body we refused) until it closes or a deadline passes, so that the
+  // client gets to read our answer instead of a connection reset.
   void LingeringClose() {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
@@ -182,11 +186,12 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Drain() {
     drain_.resize(64 * 1024);
-    stream_.async_read_some(asio::buffer(drain_),
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
-                              if (ec) return self->Close();
-                              self->Drain();
-                            });
+    stream_.async_read_some(
+        asio::buffer(drain_),
+        [self = shared_from_this()](beast::error_code ec, size_t) {
+          if (ec) return self->Close();
+          self->Drain();
+        });
   }
 
   void Close() {
@@ -275,7 +280,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Listen(
     Handler handler) {
   auto ep = ParseListenAddress(listen);
   if (!ep.ok()) return ep.status();
-  auto l = std::make_shared<Listener>(ioc, std::move(options), std::move(handler));
+  auto l =
+      std::make_shared<Listener>(ioc, std::move(options), std::move(handler));
   beast::error_code ec;
   l->acceptor.open(ep->protocol(), ec);
   if (!ec) l->acceptor.set_option(asio::socket_base::reuse_address(true), ec);

@@ -1,9 +1,8 @@
-// An HTTP/1.1 server on Boost.Beast: one acceptor, one strand per connection, all on a
-// caller-owned io_context. Private to the gateway (only gateway.cc includes it).
+// An HTTP/1.1 server on Boost.Beast: one acceptor, one strand per connection,
+// all on a caller-owned io_context. Private to the gateway (only gateway.cc
+// includes it).
 #ifndef SILT_GATEWAY_HTTP_SERVER_H_
 #define SILT_GATEWAY_HTTP_SERVER_H_
-
-#include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -11,19 +10,21 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
+#include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "http_types.h"
 
 namespace silt::gateway {
 
 struct HttpServerOptions {
-  // Largest request body accepted for a request path; larger → 413, connection closed.
+  // Largest request body accepted for a request path; larger → 413, connection
+  // closed.
   std::function<size_t(absl::string_view path)> body_limit;
   size_t header_limit = 64 * 1024;
-  // Time allowed to receive a request's headers (also the keep-alive idle timeout), to
-  // receive its body, and to send a response.
+  // Time allowed to receive a request's headers (also the keep-alive idle
+  // timeout), to receive its body, and to send a response.
   std::chrono::milliseconds header_timeout{std::chrono::seconds(60)};
   std::chrono::milliseconds body_timeout{std::chrono::seconds(60)};
   std::chrono::milliseconds write_timeout{std::chrono::seconds(60)};

@@ -1,9 +1,9 @@
-#include "absl/strings/string_view.h"
 #include "http_types.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace silt::gateway {
 
@@ -81,10 +81,11 @@ std::string UrlDecode(absl::string_view s) {
     char c = s[i];
     if (c == '+') {
       out.push_back(' ');
-    } else if (c == '%' && i + 2 < s.size() &&
-               absl::ascii_isxdigit(s[i + 1]) && absl::ascii_isxdigit(s[i + 2])) {
+    } else if (c == '%' && i + 2 < s.size() && absl::ascii_isxdigit(s[i + 1]) &&
+               absl::ascii_isxdigit(s[i + 2])) {
       auto hex = [](char h) {
-        return absl::ascii_isdigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10;
+        return absl::ascii_isdigit(h) ? h - '0'
+                                      : absl::ascii_tolower(h) - 'a' + 10;
       };
       out.push_back(static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2])));
       i += 2;

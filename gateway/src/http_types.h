@@ -1,13 +1,14 @@
-// Plain HTTP request/response values passed between the Beast server and the handlers, so
-// that handlers and their tests never include Asio or Beast.
+// Plain HTTP request/response values passed between the Beast server and the
+// handlers, so that handlers and their tests never include Asio or Beast.
 #ifndef SILT_GATEWAY_HTTP_TYPES_H_
 #define SILT_GATEWAY_HTTP_TYPES_H_
 
 #include <functional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
+
+#include "absl/strings/string_view.h"
 
 namespace silt::gateway {
 
@@ -26,8 +27,8 @@ struct HttpRequest {
   // First value of a header, compared case-insensitively; empty if absent.
   absl::string_view Header(absl::string_view name) const;
   bool HasHeader(absl::string_view name) const;
-  // Value of the last `key=` in the query, URL-decoded; nullopt-like empty when absent
-  // (use HasQuery to tell apart).
+  // Value of the last `key=` in the query, URL-decoded; nullopt-like empty when
+  // absent (use HasQuery to tell apart).
   std::string QueryParam(absl::string_view key) const;
   bool HasQuery(absl::string_view key) const;
 };

@@ -1,7 +1,7 @@
-#include "absl/strings/string_view.h"
 #include "metrics.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace silt::gateway {
 namespace {
@@ -34,7 +34,8 @@ void Metrics::Histogram::Observe(double v) {
 void Metrics::InvocationStarted(absl::string_view function) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = started_.find(function);
-  if (it == started_.end()) it = started_.emplace(std::string(function), 0).first;
+  if (it == started_.end())
+    it = started_.emplace(std::string(function), 0).first;
   ++it->second;
 }
 
@@ -72,8 +73,8 @@ std::string Metrics::Render(
   auto histogram = [&out](absl::string_view name, absl::string_view labels,
                           const Histogram& h) {
     for (size_t i = 0; i < kBuckets.size(); ++i) {
-      absl::StrAppend(&out, name, "_bucket{", labels, ",le=\"", Num(kBuckets[i]),
-                      "\"} ", h.buckets[i], "\n");
+      absl::StrAppend(&out, name, "_bucket{", labels, ",le=\"",
+                      Num(kBuckets[i]), "\"} ", h.buckets[i], "\n");
     }
     absl::StrAppend(&out, name, "_bucket{", labels, ",le=\"+Inf\"} ", h.count,
                     "\n", name, "_sum{", labels, "} ", Num(h.sum), "\n", name,
@@ -94,13 +95,17 @@ std::string Metrics::Render(
                            Escape(k.first), "\""),
               h);
   }
-  out += "# HELP gateway_function_invocation_started Function invocation started\n";
+  out +=
+      "# HELP gateway_function_invocation_started Function invocation "
+      "started\n";
   out += "# TYPE gateway_function_invocation_started counter\n";
   for (const auto& [f, v] : started_) {
-    absl::StrAppend(&out, "gateway_function_invocation_started{function_name=\"",
+    absl::StrAppend(&out,
+                    "gateway_function_invocation_started{function_name=\"",
                     Escape(f), "\"} ", v, "\n");
   }
-  out += "# HELP gateway_service_count Current count of replicas for function\n";
+  out +=
+      "# HELP gateway_service_count Current count of replicas for function\n";
   out += "# TYPE gateway_service_count gauge\n";
   for (const auto& [f, v] : replicas) {
     absl::StrAppend(&out, "gateway_service_count{function_name=\"", Escape(f),
@@ -113,7 +118,9 @@ std::string Metrics::Render(
                     "\",method=\"", k[1], "\",path=\"", Escape(k[2]), "\"} ", v,
                     "\n");
   }
-  out += "# HELP provider_http_request_duration_seconds Seconds spent serving HTTP requests\n";
+  out +=
+      "# HELP provider_http_request_duration_seconds Seconds spent serving "
+      "HTTP requests\n";
   out += "# TYPE provider_http_request_duration_seconds histogram\n";
   for (const auto& [k, h] : http_seconds_) {
     histogram("provider_http_request_duration_seconds",

@@ -1,5 +1,5 @@
-// Prometheus metrics with the OpenFaaS gateway's names, written in the text exposition
-// format by hand (Debian ships no prometheus-cpp).
+// Prometheus metrics with the OpenFaaS gateway's names, written in the text
+// exposition format by hand (Debian ships no prometheus-cpp).
 #ifndef SILT_GATEWAY_METRICS_H_
 #define SILT_GATEWAY_METRICS_H_
 
@@ -8,8 +8,9 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
+
+#include "absl/strings/string_view.h"
 
 namespace silt::gateway {
 
@@ -38,9 +39,10 @@ class Metrics {
 
   mutable std::mutex mu_;
   std::map<std::string, uint64_t, std::less<>> started_;
-  std::map<Key, uint64_t> invocations_;      // (function, code)
+  std::map<Key, uint64_t> invocations_;        // (function, code)
   std::map<Key, Histogram> function_seconds_;  // (function, code)
-  std::map<std::array<std::string, 3>, uint64_t> http_total_;  // code, method, path
+  std::map<std::array<std::string, 3>, uint64_t>
+      http_total_;  // code, method, path
   std::map<std::array<std::string, 3>, Histogram> http_seconds_;
 };
 

@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "openfaas_types.h"
 
 #include <cstdio>
@@ -7,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace silt::gateway {
@@ -22,7 +22,8 @@ absl::Status TypeError(absl::string_view field, absl::string_view want,
                    field, " of type ", want));
 }
 
-// Each Get* leaves `out` untouched when the key is absent or null (Go semantics).
+// Each Get* leaves `out` untouched when the key is absent or null (Go
+// semantics).
 absl::Status GetString(const json& j, const char* key, std::string& out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return absl::OkStatus();
@@ -50,7 +51,8 @@ absl::Status GetStringMap(const json& j, const char* key,
       m[k] = "";
       continue;
     }
-    if (!v.is_string()) return TypeError(absl::StrCat(key, ".", k), "string", v);
+    if (!v.is_string())
+      return TypeError(absl::StrCat(key, ".", k), "string", v);
     m[k] = v.get<std::string>();
   }
   out = std::move(m);
@@ -76,11 +78,11 @@ absl::Status GetResources(const json& j, const char* key,
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_object()) return TypeError(key, "FunctionResources", *it);
   FunctionResources r;
-  for (absl::Status s : {GetString(*it, "memory", r.memory),
-                         GetString(*it, "cpu", r.cpu),
-                         GetString(*it, "nvidia.com/gpu", r.nvidia_gpu),
-                         GetString(*it, "amd.com/gpu", r.amd_gpu),
-                         GetString(*it, "intel.com/gpu", r.intel_gpu)}) {
+  for (absl::Status s :
+       {GetString(*it, "memory", r.memory), GetString(*it, "cpu", r.cpu),
+        GetString(*it, "nvidia.com/gpu", r.nvidia_gpu),
+        GetString(*it, "amd.com/gpu", r.amd_gpu),
+        GetString(*it, "intel.com/gpu", r.intel_gpu)}) {
     if (!s.ok()) return s;
   }
   out = std::move(r);
@@ -112,7 +114,8 @@ void AppendCommon(const FunctionDeployment& d, ordered_json& o,
   if (!d.env_vars.empty()) o["envVars"] = MapJson(d.env_vars);
   if (!d.constraints.empty()) o["constraints"] = d.constraints;
   if (!d.secrets.empty()) o["secrets"] = d.secrets;
-  if (d.labels || maps_always) o["labels"] = MapJson(d.labels.value_or(StringMap{}));
+  if (d.labels || maps_always)
+    o["labels"] = MapJson(d.labels.value_or(StringMap{}));
   if (d.annotations || maps_always)
     o["annotations"] = MapJson(d.annotations.value_or(StringMap{}));
   if (d.limits) o["limits"] = ResourcesJson(*d.limits);
@@ -136,24 +139,24 @@ absl::StatusOr<json> ParseJsonObject(absl::string_view body) {
   return j;
 }
 
-absl::StatusOr<FunctionDeployment> ParseFunctionDeployment(absl::string_view body) {
+absl::StatusOr<FunctionDeployment> ParseFunctionDeployment(
+    absl::string_view body) {
   auto j = ParseJsonObject(body);
   if (!j.ok()) return j.status();
   FunctionDeployment d;
   std::optional<StringMap> env;
-  for (absl::Status s : {GetString(*j, "service", d.service),
-                         GetString(*j, "image", d.image),
-                         GetString(*j, "namespace", d.ns),
-                         GetString(*j, "envProcess", d.env_process),
-                         GetStringMap(*j, "envVars", env),
-                         GetStringList(*j, "constraints", d.constraints),
-                         GetStringList(*j, "secrets", d.secrets),
-                         GetStringMap(*j, "labels", d.labels),
-                         GetStringMap(*j, "annotations", d.annotations),
-                         GetResources(*j, "limits", d.limits),
-                         GetResources(*j, "requests", d.requests),
-                         GetBool(*j, "readOnlyRootFilesystem",
-                                 d.read_only_root_filesystem)}) {
+  for (absl::Status s :
+       {GetString(*j, "service", d.service), GetString(*j, "image", d.image),
+        GetString(*j, "namespace", d.ns),
+        GetString(*j, "envProcess", d.env_process),
+        GetStringMap(*j, "envVars", env),
+        GetStringList(*j, "constraints", d.constraints),
+        GetStringList(*j, "secrets", d.secrets),
+        GetStringMap(*j, "labels", d.labels),
+        GetStringMap(*j, "annotations", d.annotations),
+        GetResources(*j, "limits", d.limits),
+        GetResources(*j, "requests", d.requests),
+        GetBool(*j, "readOnlyRootFilesystem", d.read_only_root_filesystem)}) {
     if (!s.ok()) return s;
   }
   if (env) d.env_vars = std::move(*env);
@@ -165,10 +168,9 @@ absl::StatusOr<Secret> ParseSecret(absl::string_view body) {
   if (!j.ok()) return j.status();
   Secret s;
   std::string raw;
-  for (absl::Status st : {GetString(*j, "name", s.name),
-                          GetString(*j, "namespace", s.ns),
-                          GetString(*j, "value", s.value),
-                          GetString(*j, "rawValue", raw)}) {
+  for (absl::Status st :
+       {GetString(*j, "name", s.name), GetString(*j, "namespace", s.ns),
+        GetString(*j, "value", s.value), GetString(*j, "rawValue", raw)}) {
     if (!st.ok()) return st;
   }
   if (s.value.empty() && !raw.empty()) {
@@ -180,14 +182,15 @@ absl::StatusOr<Secret> ParseSecret(absl::string_view body) {
   return s;
 }
 
-absl::StatusOr<FunctionNamespace> ParseFunctionNamespace(absl::string_view body) {
+absl::StatusOr<FunctionNamespace> ParseFunctionNamespace(
+    absl::string_view body) {
   auto j = ParseJsonObject(body);
   if (!j.ok()) return j.status();
   FunctionNamespace n;
   std::optional<StringMap> labels, annotations;
-  for (absl::Status s : {GetString(*j, "name", n.name),
-                         GetStringMap(*j, "labels", labels),
-                         GetStringMap(*j, "annotations", annotations)}) {
+  for (absl::Status s :
+       {GetString(*j, "name", n.name), GetStringMap(*j, "labels", labels),
+        GetStringMap(*j, "annotations", annotations)}) {
     if (!s.ok()) return s;
   }
   if (labels) n.labels = std::move(*labels);
@@ -207,7 +210,8 @@ ordered_json ToStatusJson(const FunctionDeployment& d,
   ordered_json o = ordered_json::object();
   o["name"] = d.service;
   AppendCommon(d, o, /*maps_always=*/true);
-  if (extra.invocation_count != 0) o["invocationCount"] = extra.invocation_count;
+  if (extra.invocation_count != 0)
+    o["invocationCount"] = extra.invocation_count;
   if (extra.replicas != 0) o["replicas"] = extra.replicas;
   if (extra.available_replicas != 0)
     o["availableReplicas"] = extra.available_replicas;

@@ -1,5 +1,6 @@
-// The OpenFaaS wire types (faas-provider types/*.go), parsed with Go encoding/json
-// semantics and written back with Go's omitempty rules, so clients see faasd's JSON.
+// The OpenFaaS wire types (faas-provider types/*.go), parsed with Go
+// encoding/json semantics and written back with Go's omitempty rules, so
+// clients see faasd's JSON.
 #ifndef SILT_GATEWAY_OPENFAAS_TYPES_H_
 #define SILT_GATEWAY_OPENFAAS_TYPES_H_
 
@@ -7,10 +8,10 @@
 #include <map>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace silt::gateway {
@@ -59,20 +60,25 @@ struct FunctionNamespace {
   StringMap annotations;
 };
 
-// Parsing follows encoding/json: unknown keys are ignored, null means "not given", and a
-// value of the wrong type is an InvalidArgument error naming the field.
+// Parsing follows encoding/json: unknown keys are ignored, null means "not
+// given", and a value of the wrong type is an InvalidArgument error naming the
+// field.
 absl::StatusOr<nlohmann::json> ParseJsonObject(absl::string_view body);
-absl::StatusOr<FunctionDeployment> ParseFunctionDeployment(absl::string_view body);
+absl::StatusOr<FunctionDeployment> ParseFunctionDeployment(
+    absl::string_view body);
 absl::StatusOr<Secret> ParseSecret(absl::string_view body);
-absl::StatusOr<FunctionNamespace> ParseFunctionNamespace(absl::string_view body);
+absl::StatusOr<FunctionNamespace> ParseFunctionNamespace(
+    absl::string_view body);
 
-// The normalised deployment as stored (FunctionDeployment JSON, omitempty applied).
+// The normalised deployment as stored (FunctionDeployment JSON, omitempty
+// applied).
 nlohmann::ordered_json ToJson(const FunctionDeployment& d);
 // FunctionStatus JSON: labels/annotations always objects, omitempty elsewhere.
 nlohmann::ordered_json ToStatusJson(const FunctionDeployment& d,
                                     const FunctionStatusExtra& extra);
 
-// Go's time.Time JSON form (RFC 3339 with trailing-zero-trimmed nanoseconds, UTC).
+// Go's time.Time JSON form (RFC 3339 with trailing-zero-trimmed nanoseconds,
+// UTC).
 std::string FormatRfc3339Nano(int64_t unix_nanos);
 // RFC 3339 with optional fraction and zone; for `since=` query values.
 absl::StatusOr<int64_t> ParseRfc3339(absl::string_view s);

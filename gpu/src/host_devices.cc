@@ -11,7 +11,8 @@ absl::StatusOr<std::vector<DeviceInfo>> ListDevices() {
 
 absl::Status SelfTest(int device) {
   return absl::UnimplementedError(
-      "this build has no CUDA backend (nvcc was not found when Silt was built)");
+      "this build has no CUDA backend (nvcc was not found when Silt was "
+      "built)");
 }
 
 }  // namespace silt::gpu

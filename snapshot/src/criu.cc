@@ -25,13 +25,13 @@ absl::StatusOr<int> CriuVersion() {
   criu_set_service_binary(binary.c_str());
   int v = criu_get_version();
   if (v < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot ask ", binary, " for its version: ",
-                                               std::strerror(-v)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot ask ", binary, " for its version: ", std::strerror(-v)));
   }
   if (v < 40100) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(binary, " is CRIU ", v / 10000, ".", v / 100 % 100, ".", v % 100,
-                     ": Silt needs 4.1 or newer (run deploy/setup.sh)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        binary, " is CRIU ", v / 10000, ".", v / 100 % 100, ".", v % 100,
+        ": Silt needs 4.1 or newer (run deploy/setup.sh)"));
   }
   return v;
 }

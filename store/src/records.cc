@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "store/records.h"
 
 #include <cstdint>
@@ -6,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace silt::store {
@@ -13,14 +13,15 @@ namespace {
 
 using nlohmann::json;
 
-// Records are CBOR maps: compact, schema-free (new fields need no migration) and able to
-// carry raw bytes, which secret values are.
+// Records are CBOR maps: compact, schema-free (new fields need no migration)
+// and able to carry raw bytes, which secret values are.
 std::string ToBytes(const json& j) {
   std::vector<uint8_t> v = json::to_cbor(j);
   return std::string(v.begin(), v.end());
 }
 
-absl::StatusOr<json> FromBytes(absl::string_view bytes, absl::string_view what) {
+absl::StatusOr<json> FromBytes(absl::string_view bytes,
+                               absl::string_view what) {
   json j = json::from_cbor(bytes.begin(), bytes.end(), /*strict=*/true,
                            /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -31,7 +32,8 @@ absl::StatusOr<json> FromBytes(absl::string_view bytes, absl::string_view what) 
 }
 
 template <typename T>
-absl::Status Field(const json& j, const char* key, T& out, absl::string_view what) {
+absl::Status Field(const json& j, const char* key, T& out,
+                   absl::string_view what) {
   auto it = j.find(key);
   if (it == j.end()) return absl::OkStatus();
   try {
@@ -70,12 +72,13 @@ absl::StatusOr<FunctionRecord> DecodeFunction(absl::string_view bytes) {
   auto j = FromBytes(bytes, "function");
   if (!j.ok()) return j.status();
   FunctionRecord r;
-  for (absl::Status s : {Field(*j, "ns", r.ns, "function"),
-                         Field(*j, "name", r.name, "function"),
-                         Field(*j, "spec", r.spec, "function"),
-                         Field(*j, "created", r.created_at_unix_nanos, "function"),
-                         Field(*j, "replicas", r.replicas, "function"),
-                         Field(*j, "generation", r.generation, "function")}) {
+  for (absl::Status s :
+       {Field(*j, "ns", r.ns, "function"),
+        Field(*j, "name", r.name, "function"),
+        Field(*j, "spec", r.spec, "function"),
+        Field(*j, "created", r.created_at_unix_nanos, "function"),
+        Field(*j, "replicas", r.replicas, "function"),
+        Field(*j, "generation", r.generation, "function")}) {
     if (!s.ok()) return s;
   }
   return r;
@@ -85,8 +88,8 @@ absl::StatusOr<SecretRecord> DecodeSecret(absl::string_view bytes) {
   auto j = FromBytes(bytes, "secret");
   if (!j.ok()) return j.status();
   SecretRecord r;
-  for (absl::Status s : {Field(*j, "ns", r.ns, "secret"),
-                         Field(*j, "name", r.name, "secret")}) {
+  for (absl::Status s :
+       {Field(*j, "ns", r.ns, "secret"), Field(*j, "name", r.name, "secret")}) {
     if (!s.ok()) return s;
   }
   auto it = j->find("value");
@@ -102,9 +105,10 @@ absl::StatusOr<NamespaceRecord> DecodeNamespace(absl::string_view bytes) {
   auto j = FromBytes(bytes, "namespace");
   if (!j.ok()) return j.status();
   NamespaceRecord r;
-  for (absl::Status s : {Field(*j, "name", r.name, "namespace"),
-                         Field(*j, "labels", r.labels, "namespace"),
-                         Field(*j, "annotations", r.annotations, "namespace")}) {
+  for (absl::Status s :
+       {Field(*j, "name", r.name, "namespace"),
+        Field(*j, "labels", r.labels, "namespace"),
+        Field(*j, "annotations", r.annotations, "namespace")}) {
     if (!s.ok()) return s;
   }
   return r;

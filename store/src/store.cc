@@ -1,10 +1,10 @@
-#include "absl/strings/string_view.h"
 #include "store/store.h"
 
 #include <filesystem>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
@@ -52,7 +52,9 @@ absl::StatusOr<std::vector<Record>> DecodeAll(
 
 }  // namespace
 
-absl::string_view TableName(Table t) { return kTableNames[static_cast<int>(t)]; }
+absl::string_view TableName(Table t) {
+  return kTableNames[static_cast<int>(t)];
+}
 
 std::string NamespacedKey(absl::string_view ns, absl::string_view name) {
   std::string key;
@@ -105,7 +107,8 @@ struct Store::Impl {
 
   ~Impl() {
     for (auto* cf : cfs) {
-      if (cf != nullptr) db->DestroyColumnFamilyHandle(cf).PermitUncheckedError();
+      if (cf != nullptr)
+        db->DestroyColumnFamilyHandle(cf).PermitUncheckedError();
     }
     if (db) db->Close().PermitUncheckedError();
   }
@@ -163,8 +166,9 @@ absl::Status Store::Write(const WriteBatch& batch) {
   if (batch.empty()) return absl::OkStatus();
   rocksdb::WriteBatch wb;
   for (const auto& op : batch.ops_) {
-    rocksdb::Status s = op.is_delete ? wb.Delete(impl_->cf(op.table), op.key)
-                                     : wb.Put(impl_->cf(op.table), op.key, op.value);
+    rocksdb::Status s = op.is_delete
+                            ? wb.Delete(impl_->cf(op.table), op.key)
+                            : wb.Put(impl_->cf(op.table), op.key, op.value);
     if (!s.ok()) return FromRocks(s, "batch", TableName(op.table));
   }
   rocksdb::WriteOptions wo;
@@ -173,12 +177,15 @@ absl::Status Store::Write(const WriteBatch& batch) {
                    absl::StrCat(batch.size(), " ops"));
 }
 
-absl::StatusOr<std::string> Store::Get(Table table, absl::string_view key) const {
+absl::StatusOr<std::string> Store::Get(Table table,
+                                       absl::string_view key) const {
   std::string value;
-  rocksdb::Status s = impl_->db->Get(rocksdb::ReadOptions(), impl_->cf(table),
-                                     rocksdb::Slice(key.data(), key.size()), &value);
+  rocksdb::Status s =
+      impl_->db->Get(rocksdb::ReadOptions(), impl_->cf(table),
+                     rocksdb::Slice(key.data(), key.size()), &value);
   if (s.IsNotFound()) {
-    return absl::NotFoundError(absl::StrCat(TableName(table), " key not found"));
+    return absl::NotFoundError(
+        absl::StrCat(TableName(table), " key not found"));
   }
   if (!s.ok()) return FromRocks(s, "get", TableName(table));
   return value;
@@ -194,16 +201,18 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Store::Scan(
   for (it->Seek(p); it->Valid() && it->key().starts_with(p); it->Next()) {
     out.emplace_back(it->key().ToString(), it->value().ToString());
   }
-  if (!it->status().ok()) return FromRocks(it->status(), "scan", TableName(table));
+  if (!it->status().ok())
+    return FromRocks(it->status(), "scan", TableName(table));
   return out;
 }
 
-absl::StatusOr<FunctionRecord> Store::GetFunction(absl::string_view ns,
-                                                  absl::string_view name) const {
+absl::StatusOr<FunctionRecord> Store::GetFunction(
+    absl::string_view ns, absl::string_view name) const {
   auto v = Get(Table::kFunctions, NamespacedKey(ns, name));
   if (!v.ok()) {
     if (absl::IsNotFound(v.status()))
-      return absl::NotFoundError(absl::StrCat("function ", name, ".", ns, " not found"));
+      return absl::NotFoundError(
+          absl::StrCat("function ", name, ".", ns, " not found"));
     return v.status();
   }
   return DecodeFunction(*v);
@@ -212,7 +221,8 @@ absl::StatusOr<FunctionRecord> Store::GetFunction(absl::string_view ns,
 absl::StatusOr<std::vector<FunctionRecord>> Store::ListFunctions(
     absl::string_view ns) const {
   std::string prefix = ns.empty() ? std::string() : NamespacedKey(ns, "");
-  return DecodeAll<FunctionRecord>(Scan(Table::kFunctions, prefix), DecodeFunction);
+  return DecodeAll<FunctionRecord>(Scan(Table::kFunctions, prefix),
+                                   DecodeFunction);
 }
 
 absl::StatusOr<SecretRecord> Store::GetSecret(absl::string_view ns,
@@ -220,7 +230,8 @@ absl::StatusOr<SecretRecord> Store::GetSecret(absl::string_view ns,
   auto v = Get(Table::kSecrets, NamespacedKey(ns, name));
   if (!v.ok()) {
     if (absl::IsNotFound(v.status()))
-      return absl::NotFoundError(absl::StrCat("secret ", name, " not found in namespace ", ns));
+      return absl::NotFoundError(
+          absl::StrCat("secret ", name, " not found in namespace ", ns));
     return v.status();
   }
   return DecodeSecret(*v);
@@ -232,18 +243,21 @@ absl::StatusOr<std::vector<SecretRecord>> Store::ListSecrets(
   return DecodeAll<SecretRecord>(Scan(Table::kSecrets, prefix), DecodeSecret);
 }
 
-absl::StatusOr<NamespaceRecord> Store::GetNamespace(absl::string_view name) const {
+absl::StatusOr<NamespaceRecord> Store::GetNamespace(
+    absl::string_view name) const {
   auto v = Get(Table::kNamespaces, name);
   if (!v.ok()) {
     if (absl::IsNotFound(v.status()))
-      return absl::NotFoundError(absl::StrCat("namespace ", name, " not found"));
+      return absl::NotFoundError(
+          absl::StrCat("namespace ", name, " not found"));
     return v.status();
   }
   return DecodeNamespace(*v);
 }
 
 absl::StatusOr<std::vector<NamespaceRecord>> Store::ListNamespaces() const {
-  return DecodeAll<NamespaceRecord>(Scan(Table::kNamespaces, ""), DecodeNamespace);
+  return DecodeAll<NamespaceRecord>(Scan(Table::kNamespaces, ""),
+                                    DecodeNamespace);
 }
 
 }  // namespace silt::store

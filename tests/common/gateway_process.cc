@@ -10,17 +10,19 @@
 
 namespace silt::testing {
 
-absl::StatusOr<GatewayProcess> GatewayProcess::Start(const std::string& data_dir,
-                                                     const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {SILT_GATEWAY_BIN, "--listen", "127.0.0.1:0",
-                                   "--metrics-listen", "127.0.0.1:0", "--data-dir", data_dir};
+absl::StatusOr<GatewayProcess> GatewayProcess::Start(
+    const std::string& data_dir, const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {
+      SILT_GATEWAY_BIN, "--listen",   "127.0.0.1:0", "--metrics-listen",
+      "127.0.0.1:0",    "--data-dir", data_dir};
   argv.insert(argv.end(), extra.begin(), extra.end());
   auto p = Process::Start(argv);
   if (!p.ok()) return p.status();
   GatewayProcess g;
   g.process_ = *std::move(p);
   g.data_dir_ = data_dir;
-  auto metrics = g.process_.WaitForLine("metrics on ", std::chrono::seconds(30));
+  auto metrics =
+      g.process_.WaitForLine("metrics on ", std::chrono::seconds(30));
   if (!metrics.ok()) return metrics.status();
   g.metrics_url_ = "http://" + metrics->substr(11);
   auto line = g.process_.WaitForLine("listening on ", std::chrono::seconds(30));
@@ -40,7 +42,8 @@ std::string GatewayProcess::auth_header() const {
   return "Basic " + absl::Base64Escape("admin:" + password());
 }
 
-deploy::HttpResult GatewayProcess::Call(const std::string& method, const std::string& path,
+deploy::HttpResult GatewayProcess::Call(const std::string& method,
+                                        const std::string& path,
                                         const std::string& body, bool with_auth,
                                         const deploy::Headers& headers) const {
   deploy::HttpCall call;

@@ -14,8 +14,8 @@ class GatewayProcess {
  public:
   // Starts silt-gateway with --data-dir `data_dir` and `extra` flags; waits for
   // "listening on".
-  static absl::StatusOr<GatewayProcess> Start(const std::string& data_dir,
-                                              const std::vector<std::string>& extra = {});
+  static absl::StatusOr<GatewayProcess> Start(
+      const std::string& data_dir, const std::vector<std::string>& extra = {});
 
   const std::string& url() const { return url_; }  // http://127.0.0.1:PORT
   const std::string& metrics_url() const { return metrics_url_; }

@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "common/process.h"
 
 #include <fcntl.h>
@@ -14,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace silt::testing {
 namespace {
@@ -70,8 +70,8 @@ Process::~Process() {
   if (out_fd_ >= 0) close(out_fd_);
 }
 
-absl::StatusOr<std::string> Process::WaitForLine(absl::string_view prefix,
-                                                 std::chrono::milliseconds timeout) {
+absl::StatusOr<std::string> Process::WaitForLine(
+    absl::string_view prefix, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     size_t nl;
@@ -83,7 +83,8 @@ absl::StatusOr<std::string> Process::WaitForLine(absl::string_view prefix,
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0)
-      return absl::DeadlineExceededError(absl::StrCat("no line \"", prefix, "\" in: ", output_));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no line \"", prefix, "\" in: ", output_));
     pollfd pfd{out_fd_, POLLIN, 0};
     int r = poll(&pfd, 1, static_cast<int>(left.count()));
     if (r < 0 && errno == EINTR) continue;
@@ -91,7 +92,8 @@ absl::StatusOr<std::string> Process::WaitForLine(absl::string_view prefix,
     char buf[4096];
     ssize_t n = read(out_fd_, buf, sizeof(buf));
     if (n <= 0)
-      return absl::UnavailableError(absl::StrCat("process exited; output: ", output_));
+      return absl::UnavailableError(
+          absl::StrCat("process exited; output: ", output_));
     output_.append(buf, static_cast<size_t>(n));
   }
 }
@@ -106,10 +108,12 @@ int Process::Stop(int sig) {
   return status;
 }
 
-RunResult RunCommand(const std::vector<std::string>& argv, const std::string& input,
-              const std::vector<std::pair<std::string, std::string>>& env) {
+RunResult RunCommand(
+    const std::vector<std::string>& argv, const std::string& input,
+    const std::vector<std::pair<std::string, std::string>>& env) {
   int in[2], out[2], err[2];
-  if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) return {};
+  if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC))
+    return {};
   auto args = CArgs(argv);
   pid_t pid = fork();
   if (pid == 0) {
@@ -141,7 +145,8 @@ RunResult RunCommand(const std::vector<std::string>& argv, const std::string& in
   close(err[0]);
   int status = 0;
   waitpid(pid, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.exit_code =
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
 }
 

@@ -1,5 +1,5 @@
-// Child processes for integration tests: start real binaries, read their output with a
-// deadline, stop them.
+// Child processes for integration tests: start real binaries, read their output
+// with a deadline, stop them.
 #ifndef SILT_TESTS_COMMON_PROCESS_H_
 #define SILT_TESTS_COMMON_PROCESS_H_
 
@@ -10,18 +10,18 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace silt::testing {
 
 class Process {
  public:
-  // Starts `argv` with `env` added to this process's environment; stdout is piped to the
-  // test, stderr goes to the test's stderr.
-  static absl::StatusOr<Process> Start(const std::vector<std::string>& argv,
-                                       const std::vector<std::pair<std::string, std::string>>&
-                                           env = {});
+  // Starts `argv` with `env` added to this process's environment; stdout is
+  // piped to the test, stderr goes to the test's stderr.
+  static absl::StatusOr<Process> Start(
+      const std::vector<std::string>& argv,
+      const std::vector<std::pair<std::string, std::string>>& env = {});
   Process() = default;
   Process(Process&& o) noexcept { *this = std::move(o); }
   Process& operator=(Process&& o) noexcept;
@@ -49,8 +49,9 @@ struct RunResult {
 };
 
 // Runs a command to completion with `input` on stdin.
-RunResult RunCommand(const std::vector<std::string>& argv, const std::string& input = "",
-              const std::vector<std::pair<std::string, std::string>>& env = {});
+RunResult RunCommand(
+    const std::vector<std::string>& argv, const std::string& input = "",
+    const std::vector<std::pair<std::string, std::string>>& env = {});
 
 std::string MakeTempDir(const std::string& prefix);
 

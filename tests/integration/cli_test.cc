@@ -1,4 +1,5 @@
-// Drives the `silt` CLI against a real silt-gateway, as a user at a shell would.
+// Drives the `silt` CLI against a real silt-gateway, as a user at a shell
+// would.
 #include <signal.h>
 
 #include <filesystem>
@@ -29,8 +30,9 @@ class CliTest : public ::testing::Test {
   }
   RunResult Silt(std::vector<std::string> args, const std::string& input = "") {
     args.insert(args.begin(), SILT_CLI_BIN);
-    return RunCommand(args, input,
-               {{"OPENFAAS_CONFIG", dir_ + "/config"}, {"OPENFAAS_URL", gw_->url()}});
+    return RunCommand(
+        args, input,
+        {{"OPENFAAS_CONFIG", dir_ + "/config"}, {"OPENFAAS_URL", gw_->url()}});
   }
   void Login() {
     auto r = Silt({"login", "--password-stdin"}, gw_->password() + "\n");
@@ -57,7 +59,8 @@ TEST_F(CliTest, LoginSavesFaasCliConfig) {
 
   Login();
   std::ifstream in(dir_ + "/config/config.yml");
-  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string config((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
   EXPECT_TRUE(absl::StrContains(config, "gateway: " + gw_->url())) << config;
   EXPECT_TRUE(absl::StrContains(config, "auth: basic")) << config;
   EXPECT_EQ(Silt({"list"}).exit_code, 0);
@@ -69,7 +72,8 @@ TEST_F(CliTest, LoginSavesFaasCliConfig) {
 
 TEST_F(CliTest, DeployListDescribeRemoveFromStackFile) {
   Login();
-  WriteFile("env.yml", "environment:\n  FROM_FILE: \"yes\"\n  OVERRIDDEN: file\n");
+  WriteFile("env.yml",
+            "environment:\n  FROM_FILE: \"yes\"\n  OVERRIDDEN: file\n");
   std::string stack = WriteFile("stack.yml", R"(version: 1.0
 provider:
   name: openfaas
@@ -93,19 +97,24 @@ functions:
   auto r = Silt({"deploy", "-f", stack});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "Deploying: hello.")) << r.out;
-  EXPECT_TRUE(absl::StrContains(r.out, "URL: " + gw_->url() + "/function/hello")) << r.out;
+  EXPECT_TRUE(
+      absl::StrContains(r.out, "URL: " + gw_->url() + "/function/hello"))
+      << r.out;
 
   auto s = json::parse(gw_->Call("GET", "/system/function/hello").body);
   EXPECT_EQ(s["image"], "hello:latest");
   EXPECT_EQ(s["envProcess"], "./handler");
-  EXPECT_EQ(s["envVars"], json({{"FROM_FILE", "yes"}, {"OVERRIDDEN", "inline"}}));
+  EXPECT_EQ(s["envVars"],
+            json({{"FROM_FILE", "yes"}, {"OVERRIDDEN", "inline"}}));
   EXPECT_EQ(s["limits"]["memory"], "64Mi");
   EXPECT_EQ(s["replicas"], 2);
 
   // A second deploy updates in place (PUT) rather than failing.
   r = Silt({"deploy", "-f", stack, "--filter", "echo", "-e", "X=1"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_EQ(json::parse(gw_->Call("GET", "/system/function/echo").body)["envVars"]["X"], "1");
+  EXPECT_EQ(json::parse(
+                gw_->Call("GET", "/system/function/echo").body)["envVars"]["X"],
+            "1");
 
   r = Silt({"list"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -132,7 +141,8 @@ functions:
   EXPECT_EQ(gw_->Call("GET", "/system/function/echo").status, 404);
   r = Silt({"remove", "echo"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_TRUE(absl::StrContains(r.err, "No existing function to remove")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "No existing function to remove"))
+      << r.err;
   r = Silt({"rm", "-f", stack});  // hello is removed, echo is already gone
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(gw_->Call("GET", "/system/function/hello").status, 404);
@@ -143,7 +153,8 @@ TEST_F(CliTest, DeployErrorsAreClear) {
   auto r = Silt({"deploy", "-f", dir_ + "/missing.yml"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(r.err, "missing.yml")) << r.err;
-  std::string bad = WriteFile("bad.yml", "provider:\n  name: faas\nfunctions:\n  a:\n    image: x\n");
+  std::string bad = WriteFile(
+      "bad.yml", "provider:\n  name: faas\nfunctions:\n  a:\n    image: x\n");
   r = Silt({"deploy", "-f", bad});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(r.err, "provider.name")) << r.err;
@@ -177,7 +188,8 @@ TEST_F(CliTest, Secrets) {
   EXPECT_EQ(Silt({"secret", "remove", "token"}).exit_code, 0);
   r = Silt({"secret", "remove", "token"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_TRUE(absl::StrContains(r.err, "unable to find secret: token")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "unable to find secret: token"))
+      << r.err;
   r = Silt({"secret", "create", "empty"}, "");
   EXPECT_EQ(r.exit_code, 1);
 }
@@ -208,10 +220,16 @@ TEST_F(CliTest, VersionShowsGatewayAndProvider) {
 }
 
 TEST_F(CliTest, HelpOnEveryCommandAndUnreachableGateway) {
-  for (auto cmd : std::vector<std::vector<std::string>>{
-           {"--help"}, {"login", "--help"}, {"list", "--help"}, {"describe", "--help"},
-           {"remove", "--help"}, {"deploy", "--help"}, {"secret", "create", "--help"},
-           {"namespace", "list", "--help"}, {"version", "--help"}}) {
+  for (auto cmd :
+       std::vector<std::vector<std::string>>{{"--help"},
+                                             {"login", "--help"},
+                                             {"list", "--help"},
+                                             {"describe", "--help"},
+                                             {"remove", "--help"},
+                                             {"deploy", "--help"},
+                                             {"secret", "create", "--help"},
+                                             {"namespace", "list", "--help"},
+                                             {"version", "--help"}}) {
     auto r = Silt(cmd);
     EXPECT_EQ(r.exit_code, 0) << cmd[0];
     EXPECT_TRUE(absl::StrContains(r.out, "Usage")) << cmd[0] << ": " << r.out;
@@ -220,7 +238,8 @@ TEST_F(CliTest, HelpOnEveryCommandAndUnreachableGateway) {
   EXPECT_NE(r.exit_code, 0);
   r = Silt({"list", "-g", "http://127.0.0.1:1"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_TRUE(absl::StrContains(r.err, "Cannot connect to OpenFaaS on URL: http://127.0.0.1:1"))
+  EXPECT_TRUE(absl::StrContains(
+      r.err, "Cannot connect to OpenFaaS on URL: http://127.0.0.1:1"))
       << r.err;
 }
 

@@ -1,9 +1,9 @@
 // Drives the real silt-gateway over HTTP the way OpenFaaS clients do.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -49,7 +49,8 @@ class GatewayApiTest : public ::testing::Test {
     ASSERT_EQ(r.status, want) << r.body;
   }
   json Status(const std::string& name, const std::string& ns = "") {
-    auto r = Call("GET", "/system/function/" + name + (ns.empty() ? "" : "?namespace=" + ns));
+    auto r = Call("GET", "/system/function/" + name +
+                             (ns.empty() ? "" : "?namespace=" + ns));
     EXPECT_EQ(r.status, 200) << r.body;
     return json::parse(r.body, nullptr, false);
   }
@@ -80,9 +81,11 @@ TEST_F(GatewayApiTest, BasicAuthOnSystemRoutes) {
   EXPECT_EQ(r.body, "[]");
   EXPECT_EQ(r.Header("Content-Type"), "application/json");
   // Credentials are 0600 files, generated on first start.
-  auto perms = std::filesystem::status(dir_ + "/secrets/basic-auth-password").permissions();
-  EXPECT_EQ(perms & std::filesystem::perms::all,
-            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  auto perms = std::filesystem::status(dir_ + "/secrets/basic-auth-password")
+                   .permissions();
+  EXPECT_EQ(
+      perms & std::filesystem::perms::all,
+      std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   EXPECT_EQ(gw_->password().size(), 32u);
 }
 
@@ -143,17 +146,20 @@ TEST_F(GatewayApiTest, DeployEchoesExactlyWhatWasDeployed) {
 TEST_F(GatewayApiTest, UpdateReplacesSpecAndUnknownUpdateIs404) {
   Deploy({{"service", "fn"}, {"image", "img:1"}, {"envVars", {{"A", "1"}}}});
   json created = Status("fn");
-  auto r = Call("PUT", "/system/functions", json({{"service", "fn"}, {"image", "img:2"}}).dump());
+  auto r = Call("PUT", "/system/functions",
+                json({{"service", "fn"}, {"image", "img:2"}}).dump());
   ASSERT_EQ(r.status, 200) << r.body;
   json s = Status("fn");
   EXPECT_EQ(s["image"], "img:2");
   EXPECT_FALSE(s.contains("envVars"));
   EXPECT_EQ(s["createdAt"], created["createdAt"]);
 
-  r = Call("PUT", "/system/functions", json({{"service", "ghost"}, {"image", "x"}}).dump());
+  r = Call("PUT", "/system/functions",
+           json({{"service", "ghost"}, {"image", "x"}}).dump());
   EXPECT_EQ(r.status, 404);
   EXPECT_EQ(r.body, "function: ghost.openfaas-fn not found\n");
-  r = Call("POST", "/system/functions", json({{"service", "fn"}, {"image", "x"}}).dump());
+  r = Call("POST", "/system/functions",
+           json({{"service", "fn"}, {"image", "x"}}).dump());
   EXPECT_EQ(r.status, 409);
   EXPECT_TRUE(absl::StrContains(r.body, "already exists")) << r.body;
 }
@@ -169,20 +175,25 @@ TEST_F(GatewayApiTest, DeployErrors) {
       {R"({"service":"x","image":5})", 400, "image"},
       {R"({"image":"x"})", 400, "service is required"},
       {R"({"service":"fn"})", 400, "image is required"},
-      {R"({"service":"../etc","image":"x"})", 400, "directory traversal found in name"},
-      {R"({"service":"a/b","image":"x"})", 400, "directory traversal found in name"},
+      {R"({"service":"../etc","image":"x"})", 400,
+       "directory traversal found in name"},
+      {R"({"service":"a/b","image":"x"})", 400,
+       "directory traversal found in name"},
       {R"({"service":"Bad_Name","image":"x"})", 400, "invalid function name"},
-      {R"({"service":"fn","image":"x","namespace":"nope"})", 400, "namespace not valid"},
+      {R"({"service":"fn","image":"x","namespace":"nope"})", 400,
+       "namespace not valid"},
       {R"({"service":"fn","image":"x","secrets":["missing"]})", 400,
        "unable to find secret: missing"},
-      {R"({"service":"fn","image":"x","limits":{"memory":"lots"}})", 400, "limits.memory"},
-      {R"({"service":"fn","image":"x","labels":{"com.openfaas.scale.min":"two"}})", 400,
-       "com.openfaas.scale.min"},
+      {R"({"service":"fn","image":"x","limits":{"memory":"lots"}})", 400,
+       "limits.memory"},
+      {R"({"service":"fn","image":"x","labels":{"com.openfaas.scale.min":"two"}})",
+       400, "com.openfaas.scale.min"},
   };
   for (const auto& c : cases) {
     auto r = Call("POST", "/system/functions", c.body);
     EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;
-    EXPECT_TRUE(absl::StrContains(r.body, c.message)) << c.body << " -> " << r.body;
+    EXPECT_TRUE(absl::StrContains(r.body, c.message))
+        << c.body << " -> " << r.body;
     EXPECT_EQ(r.Header("Content-Type"), "text/plain; charset=utf-8");
   }
   // Nothing was stored by any of them.
@@ -204,8 +215,9 @@ TEST_F(GatewayApiTest, DeleteFunction) {
 }
 
 TEST_F(GatewayApiTest, NamespacesFromBodyThenQueryThenDefault) {
-  auto r = Call("POST", "/system/namespace/",
-                R"({"name":"dev","labels":{"openfaas":"1"},"annotations":{"openfaas":"1"}})");
+  auto r = Call(
+      "POST", "/system/namespace/",
+      R"({"name":"dev","labels":{"openfaas":"1"},"annotations":{"openfaas":"1"}})");
   ASSERT_EQ(r.status, 201) << r.body;
   EXPECT_EQ(json::parse(Call("GET", "/system/namespaces").body),
             json({"openfaas-fn", "dev"}));
@@ -213,35 +225,46 @@ TEST_F(GatewayApiTest, NamespacesFromBodyThenQueryThenDefault) {
   Deploy({{"service", "fn"}, {"image", "img-default"}});
   EXPECT_EQ(Status("fn", "dev")["image"], "img-dev");
   EXPECT_EQ(Status("fn")["image"], "img-default");
-  EXPECT_EQ(json::parse(Call("GET", "/system/functions?namespace=dev").body).size(), 1u);
+  EXPECT_EQ(
+      json::parse(Call("GET", "/system/functions?namespace=dev").body).size(),
+      1u);
   EXPECT_EQ(Call("GET", "/system/functions?namespace=nope").status, 400);
 
   // Old clients send the namespace of DELETE and scale only in the query.
-  r = Call("DELETE", "/system/functions?namespace=dev", R"({"functionName":"fn"})");
+  r = Call("DELETE", "/system/functions?namespace=dev",
+           R"({"functionName":"fn"})");
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Call("GET", "/system/function/fn?namespace=dev").status, 404);
   EXPECT_EQ(Status("fn")["image"], "img-default");
 }
 
 TEST_F(GatewayApiTest, NamespaceLifecycle) {
-  auto r = Call("POST", "/system/namespace/", R"({"name":"dev","labels":{"team":"x"}})");
+  auto r = Call("POST", "/system/namespace/",
+                R"({"name":"dev","labels":{"team":"x"}})");
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(r.body, "request does not have openfaas=1 label\n");
-  r = Call("POST", "/system/namespace/", R"({"name":"Bad!","labels":{"openfaas":"1"}})");
+  r = Call("POST", "/system/namespace/",
+           R"({"name":"Bad!","labels":{"openfaas":"1"}})");
   EXPECT_EQ(r.status, 400);
-  ASSERT_EQ(Call("POST", "/system/namespace/", R"({"name":"dev","labels":{"openfaas":"1"}})")
+  ASSERT_EQ(Call("POST", "/system/namespace/",
+                 R"({"name":"dev","labels":{"openfaas":"1"}})")
                 .status,
             201);
-  EXPECT_EQ(Call("POST", "/system/namespace/", R"({"name":"dev","labels":{"openfaas":"1"}})")
+  EXPECT_EQ(Call("POST", "/system/namespace/",
+                 R"({"name":"dev","labels":{"openfaas":"1"}})")
                 .status,
             409);
   r = Call("GET", "/system/namespace/dev");
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(json::parse(r.body)["labels"]["openfaas"], "1");
-  r = Call("PUT", "/system/namespace/dev", R"({"name":"dev","labels":{"openfaas":"1","x":"y"}})");
+  r = Call("PUT", "/system/namespace/dev",
+           R"({"name":"dev","labels":{"openfaas":"1","x":"y"}})");
   EXPECT_EQ(r.status, 202) << r.body;
-  EXPECT_EQ(json::parse(Call("GET", "/system/namespace/dev").body)["labels"]["x"], "y");
-  EXPECT_EQ(Call("PUT", "/system/namespace/dev", R"({"name":"other","labels":{"openfaas":"1"}})")
+  EXPECT_EQ(
+      json::parse(Call("GET", "/system/namespace/dev").body)["labels"]["x"],
+      "y");
+  EXPECT_EQ(Call("PUT", "/system/namespace/dev",
+                 R"({"name":"other","labels":{"openfaas":"1"}})")
                 .status,
             400);
   EXPECT_EQ(Call("GET", "/system/namespace/ghost").status, 404);
@@ -251,7 +274,8 @@ TEST_F(GatewayApiTest, NamespaceLifecycle) {
   r = Call("DELETE", "/system/namespace/dev");
   EXPECT_EQ(r.status, 409);
   EXPECT_TRUE(absl::StrContains(r.body, "1 function(s)")) << r.body;
-  ASSERT_EQ(Call("DELETE", "/system/functions", R"({"functionName":"fn","namespace":"dev"})")
+  ASSERT_EQ(Call("DELETE", "/system/functions",
+                 R"({"functionName":"fn","namespace":"dev"})")
                 .status,
             200);
   EXPECT_EQ(Call("DELETE", "/system/namespace/dev").status, 202);
@@ -260,18 +284,27 @@ TEST_F(GatewayApiTest, NamespaceLifecycle) {
 }
 
 TEST_F(GatewayApiTest, SecretsNeverReturnValues) {
-  auto r = Call("POST", "/system/secrets", R"({"name":"db-pass","value":"hunter2"})");
+  auto r = Call("POST", "/system/secrets",
+                R"({"name":"db-pass","value":"hunter2"})");
   ASSERT_EQ(r.status, 201) << r.body;
   r = Call("POST", "/system/secrets", R"({"name":"bin","rawValue":"AAEC"})");
   ASSERT_EQ(r.status, 201) << r.body;
   r = Call("GET", "/system/secrets");
   ASSERT_EQ(r.status, 200);
   EXPECT_FALSE(absl::StrContains(r.body, "hunter2"));
-  EXPECT_EQ(json::parse(r.body), json::parse(R"([{"name":"bin","namespace":"openfaas-fn"},
+  EXPECT_EQ(json::parse(r.body),
+            json::parse(R"([{"name":"bin","namespace":"openfaas-fn"},
                                                    {"name":"db-pass","namespace":"openfaas-fn"}])"));
-  EXPECT_EQ(Call("POST", "/system/secrets", R"({"name":"db-pass","value":"x"})").status, 409);
-  EXPECT_EQ(Call("PUT", "/system/secrets", R"({"name":"db-pass","value":"new"})").status, 200);
-  EXPECT_EQ(Call("PUT", "/system/secrets", R"({"name":"ghost","value":"new"})").status, 404);
+  EXPECT_EQ(Call("POST", "/system/secrets", R"({"name":"db-pass","value":"x"})")
+                .status,
+            409);
+  EXPECT_EQ(
+      Call("PUT", "/system/secrets", R"({"name":"db-pass","value":"new"})")
+          .status,
+      200);
+  EXPECT_EQ(Call("PUT", "/system/secrets", R"({"name":"ghost","value":"new"})")
+                .status,
+            404);
 
   // Deploy referencing the secret now works.
   Deploy({{"service", "fn"}, {"image", "img"}, {"secrets", {"db-pass"}}});
@@ -283,36 +316,46 @@ TEST_F(GatewayApiTest, SecretsNeverReturnValues) {
     std::string message;
   } cases[] = {
       {"POST", R"({"value":"x"})", 400, "non-empty name is required"},
-      {"POST", R"({"name":"../x","value":"x"})", 400, "directory traversal found in name"},
-      {"POST", R"({"name":"a/b","value":"x"})", 400, "directory traversal found in name"},
+      {"POST", R"({"name":"../x","value":"x"})", 400,
+       "directory traversal found in name"},
+      {"POST", R"({"name":"a/b","value":"x"})", 400,
+       "directory traversal found in name"},
       {"POST", "{", 400, "invalid JSON"},
-      {"POST", R"({"name":"x","namespace":"nope","value":"x"})", 400, "namespace not valid"},
+      {"POST", R"({"name":"x","namespace":"nope","value":"x"})", 400,
+       "namespace not valid"},
       {"DELETE", R"({"name":"ghost"})", 404, "secret ghost not found"},
   };
   for (const auto& c : cases) {
     r = Call(c.method, "/system/secrets", c.body);
     EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;
-    EXPECT_TRUE(absl::StrContains(r.body, c.message)) << c.body << " -> " << r.body;
+    EXPECT_TRUE(absl::StrContains(r.body, c.message))
+        << c.body << " -> " << r.body;
   }
   EXPECT_EQ(Call("DELETE", "/system/secrets", R"({"name":"bin"})").status, 200);
   EXPECT_EQ(json::parse(Call("GET", "/system/secrets").body).size(), 1u);
 }
 
 TEST_F(GatewayApiTest, ScaleStoresReplicasIncludingZero) {
-  Deploy({{"service", "fn"},
-          {"image", "img"},
-          {"labels", {{"com.openfaas.scale.min", "2"}, {"com.openfaas.scale.max", "4"}}}});
+  Deploy(
+      {{"service", "fn"},
+       {"image", "img"},
+       {"labels",
+        {{"com.openfaas.scale.min", "2"}, {"com.openfaas.scale.max", "4"}}}});
   EXPECT_EQ(Status("fn")["replicas"], 2);
-  auto r = Call("POST", "/system/scale-function/fn", R"({"serviceName":"fn","replicas":3})");
+  auto r = Call("POST", "/system/scale-function/fn",
+                R"({"serviceName":"fn","replicas":3})");
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Status("fn")["replicas"], 3);
-  r = Call("POST", "/system/scale-function/fn", R"({"serviceName":"fn","replicas":0})");
+  r = Call("POST", "/system/scale-function/fn",
+           R"({"serviceName":"fn","replicas":0})");
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_FALSE(Status("fn").contains("replicas"));  // 0, omitted as Go does
-  Call("POST", "/system/scale-function/fn", R"({"serviceName":"fn","replicas":99})");
+  Call("POST", "/system/scale-function/fn",
+       R"({"serviceName":"fn","replicas":99})");
   EXPECT_EQ(Status("fn")["replicas"], 4);  // clamped to com.openfaas.scale.max
 
-  EXPECT_EQ(Call("POST", "/system/scale-function/ghost", R"({"serviceName":"ghost","replicas":1})")
+  EXPECT_EQ(Call("POST", "/system/scale-function/ghost",
+                 R"({"serviceName":"ghost","replicas":1})")
                 .status,
             404);
   r = Call("POST", "/system/scale-function/fn", "");
@@ -321,13 +364,16 @@ TEST_F(GatewayApiTest, ScaleStoresReplicasIncludingZero) {
   r = Call("POST", "/system/scale-function/fn", "{");
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(r.body, "Error unmarshalling request body\n");
-  EXPECT_EQ(Call("POST", "/system/scale-function/fn", R"({"replicas":-1})").status, 400);
+  EXPECT_EQ(
+      Call("POST", "/system/scale-function/fn", R"({"replicas":-1})").status,
+      400);
   EXPECT_EQ(Call("GET", "/system/scale-function/fn").status, 405);
 }
 
 TEST_F(GatewayApiTest, LogsValidateTheirQuery) {
   Deploy({{"service", "fn"}, {"image", "img"}});
-  auto r = Call("GET", "/system/logs?name=fn&tail=5&since=2024-05-01T10:00:00Z");
+  auto r =
+      Call("GET", "/system/logs?name=fn&tail=5&since=2024-05-01T10:00:00Z");
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.Header("Content-Type"), "application/x-ndjson");
   EXPECT_EQ(Call("GET", "/system/logs?name=fn&tail=abc").status, 422);
@@ -340,14 +386,16 @@ TEST_F(GatewayApiTest, InvokeRoutesBeforeInvokersExist) {
   auto r = gw_->Call("POST", "/function/ghost", "hi", false);
   EXPECT_EQ(r.status, 404);
   EXPECT_EQ(r.body,
-            "error finding function ghost.openfaas-fn: server returned non-200 status code "
+            "error finding function ghost.openfaas-fn: server returned non-200 "
+            "status code "
             "(404) for function, ghost, body: \n");
   EXPECT_FALSE(r.Header("X-Call-Id").empty());
   uint64_t start = 0;
   EXPECT_TRUE(absl::SimpleAtoi(r.Header("X-Start-Time"), &start));
   EXPECT_GT(start, 1600000000000000000u);  // nanoseconds
   EXPECT_EQ(gw_->Call("GET", "/function/.openfaas-fn", "", false).status, 404);
-  EXPECT_EQ(gw_->Call("GET", "/function/ghost.nope/a/b?x=1", "", false).status, 404);
+  EXPECT_EQ(gw_->Call("GET", "/function/ghost.nope/a/b?x=1", "", false).status,
+            404);
 
   Deploy({{"service", "fn"}, {"image", "img"}});
   r = gw_->Call("GET", "/function/fn.openfaas-fn/sub/path?q=1", "", false,
@@ -362,10 +410,12 @@ TEST_F(GatewayApiTest, InvokeRoutesBeforeInvokersExist) {
   // The attempt shows in the invocation metrics and in the function's status.
   r = deploy::Send({.url = gw_->metrics_url() + "/metrics"}).value();
   EXPECT_EQ(r.status, 200);
-  EXPECT_TRUE(absl::StrContains(
-      r.body, "gateway_function_invocation_total{code=\"503\",function_name=\"fn.openfaas-fn\"} 1"))
+  EXPECT_TRUE(absl::StrContains(r.body,
+                                "gateway_function_invocation_total{code="
+                                "\"503\",function_name=\"fn.openfaas-fn\"} 1"))
       << r.body;
-  EXPECT_TRUE(absl::StrContains(r.body, "gateway_service_count{function_name=\"fn.openfaas-fn\"} 1"));
+  EXPECT_TRUE(absl::StrContains(
+      r.body, "gateway_service_count{function_name=\"fn.openfaas-fn\"} 1"));
   EXPECT_EQ(Status("fn")["invocationCount"], 1);
 }
 
@@ -376,7 +426,8 @@ TEST_F(GatewayApiTest, OversizedBodyIs413AndLosesNothing) {
   EXPECT_EQ(r.status, 413);
   EXPECT_TRUE(absl::StrContains(r.body, "too large")) << r.body;
   EXPECT_EQ(Status("fn")["image"], "img");
-  EXPECT_EQ(Call("GET", "/system/functions").status, 200);  // gateway still serves
+  EXPECT_EQ(Call("GET", "/system/functions").status,
+            200);  // gateway still serves
 }
 
 // Connects a raw socket to the gateway.
@@ -386,7 +437,8 @@ int Connect(const std::string& url) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
+  a.sin_port =
+      htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
   inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &a.sin_addr);
   EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
   return fd;
@@ -396,14 +448,16 @@ std::string ReadToClose(int fd) {
   std::string out;
   char buf[4096];
   ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  while ((n = read(fd, buf, sizeof(buf))) > 0)
+    out.append(buf, static_cast<size_t>(n));
   return out;
 }
 
 TEST_F(GatewayApiTest, MalformedHttpClosesOnlyThatConnection) {
   int bad = Connect(gw_->url());
   std::string garbage = "THIS IS NOT HTTP\r\n\r\n";
-  ASSERT_EQ(write(bad, garbage.data(), garbage.size()), static_cast<ssize_t>(garbage.size()));
+  ASSERT_EQ(write(bad, garbage.data(), garbage.size()),
+            static_cast<ssize_t>(garbage.size()));
   std::string answer = ReadToClose(bad);  // returns because the server closes
   close(bad);
   EXPECT_TRUE(absl::StartsWith(answer, "HTTP/1.1 400")) << answer;
@@ -415,8 +469,10 @@ TEST_F(GatewayApiTest, SlowClientIsCutOffByReadTimeout) {
   auto gw = GatewayProcess::Start(dir, {"--no-auth", "--read-timeout", "1"});
   ASSERT_TRUE(gw.ok()) << gw.status();
   int fd = Connect(gw->url());
-  std::string partial = "GET /system/functions HTTP/1.1\r\nHost: x\r\n";  // never finished
-  ASSERT_EQ(write(fd, partial.data(), partial.size()), static_cast<ssize_t>(partial.size()));
+  std::string partial =
+      "GET /system/functions HTTP/1.1\r\nHost: x\r\n";  // never finished
+  ASSERT_EQ(write(fd, partial.data(), partial.size()),
+            static_cast<ssize_t>(partial.size()));
   auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(ReadToClose(fd), "");  // the server closes the connection
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
@@ -427,20 +483,31 @@ TEST_F(GatewayApiTest, SlowClientIsCutOffByReadTimeout) {
 }
 
 TEST_F(GatewayApiTest, EverythingSurvivesRestart) {
-  ASSERT_EQ(Call("POST", "/system/namespace/", R"({"name":"dev","labels":{"openfaas":"1"}})").status,
+  ASSERT_EQ(Call("POST", "/system/namespace/",
+                 R"({"name":"dev","labels":{"openfaas":"1"}})")
+                .status,
             201);
-  ASSERT_EQ(Call("POST", "/system/secrets", R"({"name":"s","value":"v","namespace":"dev"})").status,
+  ASSERT_EQ(Call("POST", "/system/secrets",
+                 R"({"name":"s","value":"v","namespace":"dev"})")
+                .status,
             201);
-  Deploy({{"service", "fn"}, {"image", "img"}, {"namespace", "dev"}, {"secrets", {"s"}}});
-  Call("POST", "/system/scale-function/fn", R"({"serviceName":"fn","replicas":3,"namespace":"dev"})");
+  Deploy({{"service", "fn"},
+          {"image", "img"},
+          {"namespace", "dev"},
+          {"secrets", {"s"}}});
+  Call("POST", "/system/scale-function/fn",
+       R"({"serviceName":"fn","replicas":3,"namespace":"dev"})");
   std::string password = gw_->password();
   json before = Status("fn", "dev");
 
   Restart();
   EXPECT_EQ(gw_->password(), password);  // credentials are kept
   EXPECT_EQ(Status("fn", "dev"), before);
-  EXPECT_EQ(json::parse(Call("GET", "/system/namespaces").body), json({"openfaas-fn", "dev"}));
-  EXPECT_EQ(json::parse(Call("GET", "/system/secrets?namespace=dev").body).size(), 1u);
+  EXPECT_EQ(json::parse(Call("GET", "/system/namespaces").body),
+            json({"openfaas-fn", "dev"}));
+  EXPECT_EQ(
+      json::parse(Call("GET", "/system/secrets?namespace=dev").body).size(),
+      1u);
 }
 
 TEST_F(GatewayApiTest, CrashLosesNoAcknowledgedWrite) {
@@ -455,8 +522,9 @@ TEST_F(GatewayApiTest, CrashLosesNoAcknowledgedWrite) {
 }
 
 TEST_F(GatewayApiTest, SecondGatewayOnSameDataDirFailsClearly) {
-  auto other = RunCommand({SILT_GATEWAY_BIN, "--listen", "127.0.0.1:0", "--metrics-listen",
-                    "127.0.0.1:0", "--data-dir", dir_});
+  auto other =
+      RunCommand({SILT_GATEWAY_BIN, "--listen", "127.0.0.1:0",
+                  "--metrics-listen", "127.0.0.1:0", "--data-dir", dir_});
   EXPECT_EQ(other.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(other.err, "another process")) << other.err;
 }

@@ -21,7 +21,8 @@ TEST(CriuTest, MissingBinaryIsAClearError) {
   auto v = CriuVersion();
   unsetenv("SILT_CRIU");
   ASSERT_FALSE(v.ok());
-  EXPECT_NE(v.status().message().find("/nonexistent/criu"), std::string::npos) << v.status();
+  EXPECT_NE(v.status().message().find("/nonexistent/criu"), std::string::npos)
+      << v.status();
 }
 
 }  // namespace

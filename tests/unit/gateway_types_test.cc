@@ -1,8 +1,7 @@
-#include "openfaas_types.h"
-
 #include "api.h"
 #include "auth.h"
 #include "gtest/gtest.h"
+#include "openfaas_types.h"
 
 namespace silt::gateway {
 namespace {
@@ -34,11 +33,13 @@ TEST(OpenFaasTypes, StatusJsonFollowsOmitempty) {
   d.image = "img";
   d.ns = "openfaas-fn";
   auto j = ToStatusJson(d, {.created_at_unix_nanos = 1700000000500000000});
-  EXPECT_EQ(j.dump(),
-            R"({"name":"fn","image":"img","namespace":"openfaas-fn","labels":{},)"
-            R"("annotations":{},"createdAt":"2023-11-14T22:13:20.5Z"})");
+  EXPECT_EQ(
+      j.dump(),
+      R"({"name":"fn","image":"img","namespace":"openfaas-fn","labels":{},)"
+      R"("annotations":{},"createdAt":"2023-11-14T22:13:20.5Z"})");
   // The stored form keeps "not given" distinct from "empty".
-  EXPECT_EQ(ToJson(d).dump(), R"({"service":"fn","image":"img","namespace":"openfaas-fn"})");
+  EXPECT_EQ(ToJson(d).dump(),
+            R"({"service":"fn","image":"img","namespace":"openfaas-fn"})");
 }
 
 TEST(OpenFaasTypes, Rfc3339) {
@@ -68,7 +69,7 @@ TEST(Names, FunctionNamesAreDnsLabels) {
 
 TEST(Auth, BasicAuthComparesUserAndPassword) {
   Credentials c{.user = "admin", .password = "s3cret"};
-  EXPECT_TRUE(CheckBasicAuth(c, "Basic YWRtaW46czNjcmV0"));  // admin:s3cret
+  EXPECT_TRUE(CheckBasicAuth(c, "Basic YWRtaW46czNjcmV0"));   // admin:s3cret
   EXPECT_FALSE(CheckBasicAuth(c, "Basic YWRtaW46czNjcmV1"));  // admin:s3creu
   EXPECT_FALSE(CheckBasicAuth(c, "Basic YWRtaW46"));          // admin:
   EXPECT_FALSE(CheckBasicAuth(c, "Bearer abc"));

@@ -1,5 +1,4 @@
 #include "gpu/devices.h"
-
 #include "gtest/gtest.h"
 
 namespace silt::gpu {
@@ -14,7 +13,8 @@ TEST(GpuTest, ListsDevicesAndRunsKernelOnEach) {
     GTEST_SKIP() << "built without CUDA (nvcc not found at build time)";
   }
   if (absl::IsFailedPrecondition(devices.status())) {
-    GTEST_SKIP() << "no usable GPU on this machine: " << devices.status().message();
+    GTEST_SKIP() << "no usable GPU on this machine: "
+                 << devices.status().message();
   }
   ASSERT_TRUE(devices.ok()) << devices.status();
   if (devices->empty()) GTEST_SKIP() << "CUDA driver present but no GPU";

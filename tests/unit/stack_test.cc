@@ -43,19 +43,23 @@ functions:
   EXPECT_EQ(j["labels"]["com.openfaas.scale.min"], "2");
   EXPECT_EQ(j["limits"]["memory"], "64Mi");
   EXPECT_FALSE(j.contains("requests"));
-  EXPECT_TRUE(j["annotations"].is_null());  // faas-cli sends null for absent maps
+  EXPECT_TRUE(
+      j["annotations"].is_null());  // faas-cli sends null for absent maps
   EXPECT_EQ(s->functions[1].ns, "dev");
 }
 
 TEST(Stack, RejectsWrongProviderAndVersion) {
-  auto s = ParseStack("provider: {name: faas}\nfunctions: {a: {image: x}}\n", ".");
+  auto s =
+      ParseStack("provider: {name: faas}\nfunctions: {a: {image: x}}\n", ".");
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("openfaas"), std::string::npos);
-  EXPECT_FALSE(ParseStack("version: 2.0\nprovider: {name: openfaas}\nfunctions: {a: {image: x}}",
+  EXPECT_FALSE(ParseStack("version: 2.0\nprovider: {name: "
+                          "openfaas}\nfunctions: {a: {image: x}}",
                           ".")
                    .ok());
   EXPECT_FALSE(ParseStack("provider: {name: openfaas}\n", ".").ok());
-  EXPECT_FALSE(ParseStack("provider: {name: openfaas}\nfunctions: [", ".").ok());
+  EXPECT_FALSE(
+      ParseStack("provider: {name: openfaas}\nfunctions: [", ".").ok());
 }
 
 TEST(Stack, EnvSubst) {

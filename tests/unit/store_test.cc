@@ -75,10 +75,13 @@ TEST_F(StoreTest, FunctionsRoundTripAndListByNamespace) {
 
 TEST_F(StoreTest, MissingKeysAreNotFound) {
   auto store = Open();
-  EXPECT_TRUE(absl::IsNotFound(store->GetFunction("openfaas-fn", "nope").status()));
-  EXPECT_TRUE(absl::IsNotFound(store->GetSecret("openfaas-fn", "nope").status()));
+  EXPECT_TRUE(
+      absl::IsNotFound(store->GetFunction("openfaas-fn", "nope").status()));
+  EXPECT_TRUE(
+      absl::IsNotFound(store->GetSecret("openfaas-fn", "nope").status()));
   EXPECT_TRUE(absl::IsNotFound(store->GetNamespace("nope").status()));
-  EXPECT_TRUE(absl::IsNotFound(store->Get(Table::kBundles, "sha256:00").status()));
+  EXPECT_TRUE(
+      absl::IsNotFound(store->Get(Table::kBundles, "sha256:00").status()));
 }
 
 TEST_F(StoreTest, SecretsKeepArbitraryBytes) {
@@ -129,23 +132,26 @@ TEST_F(StoreTest, SecondOpenOfSameDirFailsClearly) {
   auto first = Open();
   auto second = Store::Open({.path = dir_ + "/db"});
   ASSERT_FALSE(second.ok());
-  EXPECT_NE(second.status().message().find("another process"), std::string::npos)
+  EXPECT_NE(second.status().message().find("another process"),
+            std::string::npos)
       << second.status();
 }
 
 TEST_F(StoreTest, CorruptRecordIsDataLoss) {
   auto store = Open();
   WriteBatch b;
-  b.Put(Table::kFunctions, NamespacedKey("openfaas-fn", "bad"), "\xff\xfe not cbor");
+  b.Put(Table::kFunctions, NamespacedKey("openfaas-fn", "bad"),
+        "\xff\xfe not cbor");
   ASSERT_TRUE(store->Write(b).ok());
   auto f = store->GetFunction("openfaas-fn", "bad");
   EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << f.status();
 }
 
-// A child commits batches of ten functions that all carry one generation number, and
-// reports each acknowledged generation on a pipe; it is SIGKILLed mid-stream. After
-// reopening, every function carries the same generation (all-or-nothing), and that
-// generation is at least the last one acknowledged (durability).
+// A child commits batches of ten functions that all carry one generation
+// number, and reports each acknowledged generation on a pipe; it is SIGKILLed
+// mid-stream. After reopening, every function carries the same generation
+// (all-or-nothing), and that generation is at least the last one acknowledged
+// (durability).
 TEST_F(StoreTest, WriteInterruptedByCrashIsAllOrNothing) {
   constexpr int kKeys = 10;
   for (int round = 0; round < 3; ++round) {
@@ -162,7 +168,8 @@ TEST_F(StoreTest, WriteInterruptedByCrashIsAllOrNothing) {
         WriteBatch b;
         for (int k = 0; k < kKeys; ++k) {
           FunctionRecord f = Fn("openfaas-fn", "f" + std::to_string(k), gen);
-          f.spec.append(4096, 'x');  // big enough that a batch spans several writes
+          f.spec.append(4096,
+                        'x');  // big enough that a batch spans several writes
           b.PutFunction(f);
         }
         if (!(*s)->Write(b).ok()) _exit(3);
@@ -173,7 +180,8 @@ TEST_F(StoreTest, WriteInterruptedByCrashIsAllOrNothing) {
     uint64_t acked = 0, gen = 0;
     // Let the child get 20 + round*15 commits in, then kill it without warning.
     for (int i = 0; i < 20 + round * 15; ++i) {
-      ASSERT_EQ(read(fds[0], &gen, sizeof(gen)), static_cast<ssize_t>(sizeof(gen)));
+      ASSERT_EQ(read(fds[0], &gen, sizeof(gen)),
+                static_cast<ssize_t>(sizeof(gen)));
       acked = gen;
     }
     kill(pid, SIGKILL);

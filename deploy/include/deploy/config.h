@@ -1,5 +1,5 @@
-// faas-cli's credentials file (~/.openfaas/config.yml), read and written compatibly so that
-// `silt login` and `faas-cli login` share it.
+// faas-cli's credentials file (~/.openfaas/config.yml), read and written
+// compatibly so that `silt login` and `faas-cli login` share it.
 #ifndef SILT_DEPLOY_CONFIG_H_
 #define SILT_DEPLOY_CONFIG_H_
 
@@ -27,7 +27,8 @@ absl::StatusOr<std::vector<AuthEntry>> ReadAuthEntries();
 absl::Status SaveAuth(const AuthEntry& entry);
 absl::Status RemoveAuth(const std::string& gateway);
 
-// The Authorization header value for a gateway, if credentials are saved for it.
+// The Authorization header value for a gateway, if credentials are saved for
+// it.
 std::optional<std::string> AuthorizationFor(const std::string& gateway);
 
 std::string BasicToken(const std::string& user, const std::string& password);

@@ -1,14 +1,15 @@
-// A small blocking HTTP/1.1 client for the CLI and the tests (Beast stays in the .cc).
+// A small blocking HTTP/1.1 client for the CLI and the tests (Beast stays in
+// the .cc).
 #ifndef SILT_DEPLOY_HTTP_CLIENT_H_
 #define SILT_DEPLOY_HTTP_CLIENT_H_
 
 #include <chrono>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace silt::deploy {
 
@@ -30,11 +31,12 @@ struct HttpCall {
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
 };
 
-// Unavailable when the server cannot be reached; any HTTP status is a successful result.
+// Unavailable when the server cannot be reached; any HTTP status is a
+// successful result.
 absl::StatusOr<HttpResult> Send(const HttpCall& call);
 
-// Normalises a gateway URL as faas-cli does: lower case, http:// when no scheme, no
-// trailing slash.
+// Normalises a gateway URL as faas-cli does: lower case, http:// when no
+// scheme, no trailing slash.
 std::string NormalizeGatewayUrl(absl::string_view url);
 
 std::string UrlEncode(absl::string_view s);

@@ -7,10 +7,10 @@
 #include <map>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace silt::deploy {
 
@@ -29,7 +29,7 @@ struct StackFunction {
   std::string image;
   std::string fprocess;
   std::string ns;
-  StringMap environment;                  // environment_file entries, then environment
+  StringMap environment;  // environment_file entries, then environment
   std::vector<std::string> secrets;
   std::vector<std::string> constraints;
   std::optional<StringMap> labels;
@@ -46,10 +46,12 @@ struct Stack {
   std::vector<StackFunction> functions;  // in file order
 };
 
-// Expands ${VAR} and ${VAR:-default} with `lookup` (the environment by default).
-std::string EnvSubst(absl::string_view text,
-                     const std::function<std::optional<std::string>(const std::string&)>&
-                         lookup = nullptr);
+// Expands ${VAR} and ${VAR:-default} with `lookup` (the environment by
+// default).
+std::string EnvSubst(
+    absl::string_view text,
+    const std::function<std::optional<std::string>(const std::string&)>&
+        lookup = nullptr);
 
 // Parses stack.yml text. `dir` resolves environment_file paths.
 absl::StatusOr<Stack> ParseStack(absl::string_view yaml, const std::string& dir,

@@ -1,4 +1,5 @@
-// silt-gateway: the OpenFaaS-compatible HTTP API (and metrics) over the embedded store.
+// silt-gateway: the OpenFaaS-compatible HTTP API (and metrics) over the
+// embedded store.
 #ifndef SILT_GATEWAY_GATEWAY_H_
 #define SILT_GATEWAY_GATEWAY_H_
 
@@ -26,8 +27,8 @@ struct Options {
 
 class Gateway {
  public:
-  // Opens the store, loads or creates the credentials, binds both ports and starts
-  // serving on its own threads.
+  // Opens the store, loads or creates the credentials, binds both ports and
+  // starts serving on its own threads.
   static absl::StatusOr<std::unique_ptr<Gateway>> Start(const Options& options);
   ~Gateway();  // stops serving and closes the store
 
@@ -38,7 +39,8 @@ class Gateway {
   std::string password_file() const;
   bool credentials_generated() const;
 
-  // Blocks until Shutdown() is called (from any thread or a signal handler thread).
+  // Blocks until Shutdown() is called (from any thread or a signal handler
+  // thread).
   void Wait();
   void Shutdown();
 

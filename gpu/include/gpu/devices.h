@@ -1,14 +1,15 @@
-// GPU discovery: what the invoker reports to the gateway for placing GPU proclets.
+// GPU discovery: what the invoker reports to the gateway for placing GPU
+// proclets.
 #ifndef SILT_GPU_DEVICES_H_
 #define SILT_GPU_DEVICES_H_
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace silt::gpu {
 
@@ -26,11 +27,12 @@ struct DeviceInfo {
 absl::string_view Backend();
 
 // The GPUs of this node. The host backend has none. The CUDA backend answers
-// FailedPrecondition when the driver is missing or too old (a machine without a GPU).
+// FailedPrecondition when the driver is missing or too old (a machine without a
+// GPU).
 absl::StatusOr<std::vector<DeviceInfo>> ListDevices();
 
-// Runs a small kernel on `device` and checks its result: proves the device, the driver and
-// the module loading path work end to end.
+// Runs a small kernel on `device` and checks its result: proves the device, the
+// driver and the module loading path work end to end.
 absl::Status SelfTest(int device);
 
 }  // namespace silt::gpu

@@ -5,21 +5,24 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace silt::store {
 
 struct FunctionRecord {
   std::string ns;
   std::string name;
-  // The deployment exactly as the gateway normalised it (OpenFaaS FunctionDeployment JSON).
+  // The deployment exactly as the gateway normalised it (OpenFaaS
+  // FunctionDeployment JSON).
   std::string spec;
   int64_t created_at_unix_nanos = 0;
-  // Replicas the user asked for (scale-function or the min-scale label); 0 = scaled to zero.
+  // Replicas the user asked for (scale-function or the min-scale label); 0 =
+  // scaled to zero.
   uint64_t replicas = 0;
-  // Bumped on every update, so that instances and snapshots of an older spec are recognisable.
+  // Bumped on every update, so that instances and snapshots of an older spec
+  // are recognisable.
   uint64_t generation = 0;
 };
 

@@ -1,21 +1,22 @@
 // Typed persistence for Silt over one embedded RocksDB instance.
 //
-// One Store object owns one RocksDB database. Each kind of record lives in its own column
-// family (a Table). Reads return absl::NotFoundError for a missing key. Every write goes
-// through a WriteBatch, which commits atomically across tables and, by default, is fsync'd
-// before Write() returns: a deployment the gateway acknowledged survives a crash.
+// One Store object owns one RocksDB database. Each kind of record lives in its
+// own column family (a Table). Reads return absl::NotFoundError for a missing
+// key. Every write goes through a WriteBatch, which commits atomically across
+// tables and, by default, is fsync'd before Write() returns: a deployment the
+// gateway acknowledged survives a crash.
 #ifndef SILT_STORE_STORE_H_
 #define SILT_STORE_STORE_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "store/records.h"
 
 namespace silt::store {
@@ -36,8 +37,8 @@ absl::string_view TableName(Table t);
 struct Options {
   // Directory of the database; created if missing.
   std::string path;
-  // fsync the write-ahead log on every WriteBatch. Only tests that measure or that
-  // simulate power loss differently turn this off.
+  // fsync the write-ahead log on every WriteBatch. Only tests that measure or
+  // that simulate power loss differently turn this off.
   bool sync_writes = true;
 };
 
@@ -109,8 +110,8 @@ class Store {
   std::unique_ptr<Impl> impl_;
 };
 
-// Key of a record that belongs to a namespace: the namespace, a NUL, then the name, so
-// that a prefix scan over "ns\0" lists exactly one namespace.
+// Key of a record that belongs to a namespace: the namespace, a NUL, then the
+// name, so that a prefix scan over "ns\0" lists exactly one namespace.
 std::string NamespacedKey(absl::string_view ns, absl::string_view name);
 
 }  // namespace silt::store

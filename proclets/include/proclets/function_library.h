@@ -1,0 +1,71 @@
+// Host side of the function ABI: loads a bundle's shared object, checks its ABI
+// version and calls its init, handler and after-restore hooks.
+#ifndef SILT_PROCLETS_FUNCTION_LIBRARY_H_
+#define SILT_PROCLETS_FUNCTION_LIBRARY_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace silt::proclets {
+
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+struct CallContext {
+  std::string function_name;
+  std::string function_namespace;
+  std::string call_id;
+  std::string instance_id;
+  std::string secrets_dir = "/var/openfaas/secrets";
+};
+
+struct FunctionCall {
+  std::string method = "GET";
+  std::string path = "/";
+  std::string query;
+  HeaderList headers;
+  std::string body;
+};
+
+struct FunctionResult {
+  int status = 200;
+  HeaderList headers;
+  std::string body;
+};
+
+class FunctionLibrary {
+ public:
+  // dlopen()s `path` and resolves the exports. FailedPrecondition when the
+  // bundle was built for another ABI version or lacks silt_handle.
+  static absl::StatusOr<std::unique_ptr<FunctionLibrary>> Load(
+      const std::string& path);
+  ~FunctionLibrary();
+  FunctionLibrary(const FunctionLibrary&) = delete;
+  FunctionLibrary& operator=(const FunctionLibrary&) = delete;
+
+  // Runs silt_init if the bundle has one.
+  absl::Status Init(const CallContext& ctx);
+  // Runs the handler. A handler failure (non-zero return, exception) is an
+  // Internal error carrying the handler's message.
+  absl::StatusOr<FunctionResult> Handle(const CallContext& ctx,
+                                        const FunctionCall& call);
+  // Runs silt_after_restore if the bundle has one.
+  void AfterRestore(const CallContext& ctx);
+
+  bool has_init() const;
+  bool has_after_restore() const;
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  explicit FunctionLibrary(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace silt::proclets
+
+#endif  // SILT_PROCLETS_FUNCTION_LIBRARY_H_

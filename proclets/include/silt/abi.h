@@ -1,0 +1,75 @@
+/* The C ABI between a Silt function bundle (a shared object) and the worker
+ * that loads it.
+ *
+ * A bundle exports silt_abi_version() and silt_handle(), and optionally
+ * silt_init() and silt_after_restore(). The worker refuses a bundle whose
+ * silt_abi_version() differs from the SILT_ABI_VERSION it was built with.
+ * Function authors use silt/function.h, which produces these exports; nothing
+ * here needs to be written by hand.
+ *
+ * Strings are (pointer, length) pairs, valid only during the call; they are not
+ * NUL-terminated. */
+#ifndef SILT_ABI_H_
+#define SILT_ABI_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SILT_ABI_VERSION 1u
+
+typedef struct silt_str {
+  const char* data;
+  size_t len;
+} silt_str;
+
+typedef struct silt_header {
+  silt_str name;
+  silt_str value;
+} silt_header;
+
+typedef struct silt_request {
+  silt_str method;
+  silt_str path;  /* the path the function sees, e.g. "/" or "/a/b" */
+  silt_str query; /* raw query string without '?' */
+  const silt_header* headers;
+  size_t header_count;
+  silt_str body;
+} silt_request;
+
+typedef struct silt_context {
+  silt_str function_name;
+  silt_str function_namespace;
+  silt_str call_id; /* empty in silt_init and silt_after_restore */
+  silt_str
+      instance_id; /* unique per instance, fresh after every restore or fork */
+  silt_str secrets_dir; /* directory holding one file per secret */
+} silt_context;
+
+/* How a handler writes its response: the host owns the storage. */
+typedef struct silt_response_writer {
+  void* host;
+  void (*set_status)(void* host, int status);
+  void (*add_header)(void* host, silt_str name, silt_str value);
+  void (*append_body)(void* host, const char* data, size_t len);
+} silt_response_writer;
+
+/* Bundle exports. Return 0 on success; a non-zero return from silt_handle makes
+ * the call a 500, from silt_init makes the instance fail to start. `error` (may
+ * be written, at most error_cap bytes including the NUL) explains why. */
+typedef uint32_t (*silt_abi_version_fn)(void);
+typedef int (*silt_init_fn)(const silt_context* ctx, char* error,
+                            size_t error_cap);
+typedef int (*silt_handle_fn)(const silt_context* ctx, const silt_request* req,
+                              const silt_response_writer* out, char* error,
+                              size_t error_cap);
+typedef void (*silt_after_restore_fn)(const silt_context* ctx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SILT_ABI_H_ */

@@ -1,0 +1,126 @@
+#include "proclets/function_library.h"
+
+#include <dlfcn.h>
+
+#include "absl/strings/str_cat.h"
+#include "silt/abi.h"
+
+namespace silt::proclets {
+namespace {
+
+silt_str Str(const std::string& s) { return {s.data(), s.size()}; }
+
+silt_context MakeContext(const CallContext& c) {
+  return {Str(c.function_name), Str(c.function_namespace), Str(c.call_id),
+          Str(c.instance_id), Str(c.secrets_dir)};
+}
+
+}  // namespace
+
+struct FunctionLibrary::Impl {
+  std::string path;
+  void* handle = nullptr;
+  silt_init_fn init = nullptr;
+  silt_handle_fn handle_fn = nullptr;
+  silt_after_restore_fn after_restore = nullptr;
+  ~Impl() {
+    if (handle != nullptr) dlclose(handle);
+  }
+};
+
+FunctionLibrary::FunctionLibrary(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+FunctionLibrary::~FunctionLibrary() = default;
+
+absl::StatusOr<std::unique_ptr<FunctionLibrary>> FunctionLibrary::Load(
+    const std::string& path) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (impl->handle == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot load function bundle ", path, ": ", dlerror()));
+  }
+  auto version = reinterpret_cast<silt_abi_version_fn>(
+      dlsym(impl->handle, "silt_abi_version"));
+  if (version == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path,
+                     " is not a Silt function: it exports no silt_abi_version "
+                     "(build it with "
+                     "silt/function.h and SILT_HANDLER)"));
+  }
+  uint32_t v = version();
+  if (v != SILT_ABI_VERSION) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " was built for Silt function ABI version ", v,
+        ", but this worker runs version ", SILT_ABI_VERSION,
+        ": rebuild the function with this Silt's SDK (silt build)"));
+  }
+  impl->handle_fn =
+      reinterpret_cast<silt_handle_fn>(dlsym(impl->handle, "silt_handle"));
+  if (impl->handle_fn == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " exports no silt_handle: add SILT_HANDLER(YourHandler)"));
+  }
+  impl->init = reinterpret_cast<silt_init_fn>(dlsym(impl->handle, "silt_init"));
+  impl->after_restore = reinterpret_cast<silt_after_restore_fn>(
+      dlsym(impl->handle, "silt_after_restore"));
+  return std::unique_ptr<FunctionLibrary>(new FunctionLibrary(std::move(impl)));
+}
+
+absl::Status FunctionLibrary::Init(const CallContext& ctx) {
+  if (impl_->init == nullptr) return absl::OkStatus();
+  silt_context c = MakeContext(ctx);
+  char error[1024] = {0};
+  if (impl_->init(&c, error, sizeof(error)) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("init of ", ctx.function_name,
+                     " failed: ", error[0] ? error : "no reason given"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FunctionResult> FunctionLibrary::Handle(
+    const CallContext& ctx, const FunctionCall& call) {
+  silt_context c = MakeContext(ctx);
+  std::vector<silt_header> headers;
+  headers.reserve(call.headers.size());
+  for (const auto& [k, v] : call.headers) headers.push_back({Str(k), Str(v)});
+  silt_request req{Str(call.method), Str(call.path), Str(call.query),
+                   headers.data(),   headers.size(), Str(call.body)};
+  FunctionResult result;
+  silt_response_writer out{
+      &result,
+      [](void* h, int status) {
+        static_cast<FunctionResult*>(h)->status = status;
+      },
+      [](void* h, silt_str k, silt_str v) {
+        static_cast<FunctionResult*>(h)->headers.emplace_back(
+            std::string(k.data, k.len), std::string(v.data, v.len));
+      },
+      [](void* h, const char* data, size_t len) {
+        static_cast<FunctionResult*>(h)->body.append(data, len);
+      }};
+  char error[1024] = {0};
+  if (impl_->handle_fn(&c, &req, &out, error, sizeof(error)) != 0) {
+    return absl::InternalError(
+        absl::StrCat("function ", ctx.function_name,
+                     " failed: ", error[0] ? error : "no reason given"));
+  }
+  return result;
+}
+
+void FunctionLibrary::AfterRestore(const CallContext& ctx) {
+  if (impl_->after_restore == nullptr) return;
+  silt_context c = MakeContext(ctx);
+  impl_->after_restore(&c);
+}
+
+bool FunctionLibrary::has_init() const { return impl_->init != nullptr; }
+bool FunctionLibrary::has_after_restore() const {
+  return impl_->after_restore != nullptr;
+}
+const std::string& FunctionLibrary::path() const { return impl_->path; }
+
+}  // namespace silt::proclets
