@@ -16,8 +16,8 @@ step "set-up: installing dependencies (deploy/setup.sh)"
 bash deploy/setup.sh
 
 step "build ($BUILD_DIR)"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSILT_BUILD_TESTS=OFF
-cmake --build "$BUILD_DIR" -j 2
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$BUILD_DIR" -j 2 --target silt silt-gateway
 cmake --install "$BUILD_DIR" --prefix /usr/local >/dev/null
 echo "installed /usr/local/bin/silt and /usr/local/bin/silt-gateway"
 
