@@ -1,0 +1,49 @@
+// silt-invoker: the node agent. Registers with the gateway, streams load
+// reports, fetches bundles, and runs function instances (silt-worker processes
+// in sandboxes), serving Invoker.Invoke and Invoker.Logs over gRPC.
+#ifndef SILT_INVOKER_INVOKER_H_
+#define SILT_INVOKER_INVOKER_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace silt::invoker {
+
+struct Options {
+  std::string gateway = "127.0.0.1:8081";  // the gateway's gRPC endpoint
+  std::string listen = "127.0.0.1:0";      // this invoker's gRPC endpoint
+  std::string data_dir;
+  std::string node_name;      // default: hostname + listen port
+  std::string worker_binary;  // default: silt-worker next to this binary
+  std::chrono::milliseconds report_interval{std::chrono::seconds(1)};
+  // Idle instances beyond a function's minimum are stopped after this long
+  // (per function: label com.openfaas.scale.zero-duration).
+  std::chrono::milliseconds idle_timeout{std::chrono::minutes(5)};
+  int max_instances_per_function =
+      8;  // per node (label com.openfaas.scale.max caps it too)
+  int max_queue_per_function = 64;  // waiting calls beyond that get 429
+};
+
+class Invoker {
+ public:
+  static absl::StatusOr<std::unique_ptr<Invoker>> Start(const Options& options);
+  ~Invoker();  // stops every instance
+
+  std::string listen_address() const;
+  std::string node_name() const;
+  void Wait();
+  void Shutdown();
+
+ private:
+  struct Impl;
+  explicit Invoker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace silt::invoker
+
+#endif  // SILT_INVOKER_INVOKER_H_

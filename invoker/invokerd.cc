@@ -1,0 +1,69 @@
+// silt-invoker: parses flags, starts the node agent, waits for SIGINT/SIGTERM.
+#include <signal.h>
+
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "invoker/invoker.h"
+#include "silt/version.h"
+
+int main(int argc, char** argv) {
+  silt::invoker::Options o;
+  CLI::App app{"silt-invoker: the Silt node agent (runs function instances)"};
+  app.set_version_flag("--version",
+                       std::string(silt::kVersion) + " " + silt::kGitSha);
+  app.add_option("--gateway", o.gateway,
+                 "The gateway's gRPC endpoint ADDR:PORT")
+      ->capture_default_str();
+  app.add_option("--listen", o.listen,
+                 "This invoker's gRPC address (port 0 picks one)")
+      ->capture_default_str();
+  app.add_option("--data-dir", o.data_dir,
+                 "Directory for bundles and instances")
+      ->required();
+  app.add_option("--node-name", o.node_name,
+                 "Node name (default: hostname-port)");
+  app.add_option("--worker", o.worker_binary,
+                 "silt-worker binary (default: next to this one)");
+  int idle_s = 300, report_ms = 1000;
+  app.add_option("--idle-timeout", idle_s,
+                 "Seconds before idle instances above the minimum stop")
+      ->capture_default_str();
+  app.add_option("--report-interval-ms", report_ms, "Load report interval")
+      ->capture_default_str();
+  app.add_option("--max-instances", o.max_instances_per_function,
+                 "Instances per function on this node")
+      ->capture_default_str();
+  app.add_option("--max-queue", o.max_queue_per_function,
+                 "Queued calls per function before 429")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  o.idle_timeout = std::chrono::seconds(idle_s);
+  o.report_interval = std::chrono::milliseconds(report_ms);
+
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto inv = silt::invoker::Invoker::Start(o);
+  if (!inv.ok()) {
+    std::cerr << "silt-invoker: " << inv.status().message() << std::endl;
+    return 1;
+  }
+  std::cout << "node " << (*inv)->node_name() << ", gateway " << o.gateway
+            << "\n"
+            << "listening on " << (*inv)->listen_address() << std::endl;
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop, &sig);
+    (*inv)->Shutdown();
+  });
+  (*inv)->Wait();
+  waiter.join();
+  inv->reset();
+  return 0;
+}

@@ -1,0 +1,959 @@
+#include "invoker/invoker.h"
+
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysinfo.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "channel.h"
+#include "invoker/proto/invoker.grpc.pb.h"
+#include "proclets/bundle.h"
+#include "sandbox.h"
+
+namespace silt::invoker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using v1::FunctionSpec;
+
+int64_t NowNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string RandomId(size_t n) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s.push_back(kAlphabet[rng() % 36]);
+  return s;
+}
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
+}
+
+// Go durations ("1m30s", "500ms", "10s") or plain seconds ("30").
+std::optional<std::chrono::milliseconds> ParseDuration(absl::string_view s) {
+  s = absl::StripAsciiWhitespace(s);
+  if (s.empty()) return std::nullopt;
+  double secs_only = 0;
+  if (absl::SimpleAtod(s, &secs_only)) {
+    return std::chrono::milliseconds(static_cast<int64_t>(secs_only * 1000));
+  }
+  double total_ms = 0;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = i;
+    while (j < s.size() && (absl::ascii_isdigit(s[j]) || s[j] == '.')) ++j;
+    double v = 0;
+    if (j == i || !absl::SimpleAtod(s.substr(i, j - i), &v))
+      return std::nullopt;
+    size_t k = j;
+    while (k < s.size() && absl::ascii_isalpha(s[k])) ++k;
+    absl::string_view unit = s.substr(j, k - j);
+    if (unit == "h")
+      total_ms += v * 3600000;
+    else if (unit == "m")
+      total_ms += v * 60000;
+    else if (unit == "s")
+      total_ms += v * 1000;
+    else if (unit == "ms")
+      total_ms += v;
+    else if (unit == "us" || unit == "µs")
+      total_ms += v / 1000;
+    else if (unit == "ns")
+      total_ms += v / 1e6;
+    else
+      return std::nullopt;
+    i = k;
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(total_ms));
+}
+
+std::string Key(const std::string& ns, const std::string& name) {
+  return ns + "/" + name;
+}
+
+// ---- logs ----
+
+struct LogLine {
+  int64_t ts;
+  std::string instance;
+  std::string text;
+};
+
+class LogBook {
+ public:
+  void Append(const std::string& fn_key, const std::string& instance,
+              std::string text) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto& q = lines_[fn_key];
+    q.push_back({NowNanos(), instance, std::move(text)});
+    ++seq_[fn_key];
+    if (q.size() > kMaxLines) q.pop_front();
+    cv_.notify_all();
+  }
+
+  // Lines after `since`, at most `tail` (the newest), then, with follow, new
+  // ones until `stop` says so.
+  template <typename Emit, typename Stop>
+  void Read(const std::string& fn_key, int64_t since, int64_t tail, bool follow,
+            Emit emit, Stop stop) {
+    std::unique_lock<std::mutex> l(mu_);
+    auto& q = lines_[fn_key];
+    std::vector<LogLine> first;
+    for (const auto& line : q)
+      if (line.ts >= since) first.push_back(line);
+    if (tail > 0 && first.size() > static_cast<size_t>(tail))
+      first.erase(first.begin(), first.end() - tail);
+    uint64_t seen = seq_[fn_key];
+    l.unlock();
+    for (const auto& line : first)
+      if (!emit(line)) return;
+    while (follow && !stop()) {
+      l.lock();
+      cv_.wait_for(l, std::chrono::milliseconds(200),
+                   [&] { return seq_[fn_key] != seen; });
+      uint64_t now = seq_[fn_key];
+      std::vector<LogLine> fresh;
+      auto& cur = lines_[fn_key];
+      uint64_t n = std::min<uint64_t>(now - seen, cur.size());
+      for (auto it = cur.end() - static_cast<long>(n); it != cur.end(); ++it)
+        fresh.push_back(*it);
+      seen = now;
+      l.unlock();
+      for (const auto& line : fresh)
+        if (!emit(line)) return;
+    }
+  }
+
+ private:
+  static constexpr size_t kMaxLines = 10000;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::deque<LogLine>> lines_;
+  std::map<std::string, uint64_t> seq_;
+};
+
+// Reads instances' stdout/stderr pipes and turns them into log lines.
+class LogCollector {
+ public:
+  explicit LogCollector(LogBook* book) : book_(book) {
+    epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    int p[2];
+    (void)!pipe2(p, O_CLOEXEC | O_NONBLOCK);
+    wake_r_ = p[0];
+    wake_w_ = p[1];
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = wake_r_;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_r_, &ev);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~LogCollector() {
+    stop_ = true;
+    (void)!write(wake_w_, "x", 1);
+    thread_.join();
+    for (auto& [fd, src] : sources_) close(fd);
+    close(epfd_);
+    close(wake_r_);
+    close(wake_w_);
+  }
+  // Takes ownership of fd.
+  void Add(int fd, const std::string& fn_key, const std::string& instance) {
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      sources_[fd] = {fn_key, instance, ""};
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+
+ private:
+  struct Source {
+    std::string fn_key, instance, partial;
+  };
+  void Loop() {
+    epoll_event events[32];
+    char buf[65536];
+    while (!stop_) {
+      int n = epoll_wait(epfd_, events, 32, -1);
+      for (int i = 0; i < n; ++i) {
+        int fd = events[i].data.fd;
+        if (fd == wake_r_) continue;
+        ssize_t r = read(fd, buf, sizeof(buf));
+        std::lock_guard<std::mutex> l(mu_);
+        auto it = sources_.find(fd);
+        if (it == sources_.end()) continue;
+        if (r > 0) {
+          it->second.partial.append(buf, static_cast<size_t>(r));
+          size_t nl;
+          while ((nl = it->second.partial.find('\n')) != std::string::npos) {
+            book_->Append(it->second.fn_key, it->second.instance,
+                          it->second.partial.substr(0, nl));
+            it->second.partial.erase(0, nl + 1);
+          }
+        } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+          if (!it->second.partial.empty())
+            book_->Append(it->second.fn_key, it->second.instance,
+                          it->second.partial);
+          epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+          close(fd);
+          sources_.erase(it);
+        }
+      }
+    }
+  }
+  LogBook* book_;
+  int epfd_, wake_r_, wake_w_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::map<int, Source> sources_;
+  std::thread thread_;
+};
+
+// ---- instances ----
+
+struct Bundle {
+  std::string dir;
+  proclets::BundleManifest manifest;
+};
+
+struct Instance {
+  std::string id;
+  std::unique_ptr<SandboxedProcess> proc;
+  int channel = -1;
+  std::string root_dir;
+  std::string secrets_dir;
+  Clock::time_point last_used;
+  bool fresh = true;  // has not served a call yet
+  double start_ms = 0;
+  ~Instance() {
+    if (channel >= 0) close(channel);
+    proc.reset();
+    std::error_code ec;
+    if (!root_dir.empty()) std::filesystem::remove_all(root_dir, ec);
+    if (!secrets_dir.empty()) std::filesystem::remove_all(secrets_dir, ec);
+  }
+};
+
+}  // namespace
+
+struct Invoker::Impl final : public v1::Invoker::Service {
+  Options options;
+  std::string node_name;
+  std::string address;
+  std::unique_ptr<grpc::Server> server;
+  std::shared_ptr<grpc::Channel> gateway_channel;
+  std::unique_ptr<v1::Control::Stub> control;
+  LogBook logs;
+  std::unique_ptr<LogCollector> collector;
+  std::atomic<uint64_t> instance_seq{0};
+
+  // One pool per function version.
+  struct Pool {
+    FunctionSpec spec;
+    std::shared_ptr<Bundle> bundle;
+    std::vector<std::unique_ptr<Instance>> idle;
+    int busy = 0;
+    int starting = 0;
+    int waiting = 0;
+    uint32_t min_instances = 0;
+    std::condition_variable cv;
+  };
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<Pool>> pools;  // key ns/name
+  std::map<std::string, std::shared_ptr<Bundle>> bundles;
+  std::map<std::string, std::shared_ptr<std::mutex>> bundle_locks;
+
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stopping = false;
+  std::thread connector;
+  std::thread reaper;
+  std::atomic<grpc::ClientContext*> connect_ctx{nullptr};
+
+  ~Impl() override {
+    {
+      std::lock_guard<std::mutex> l(stop_mu);
+      stopping = true;
+    }
+    stop_cv.notify_all();
+    if (auto* c = connect_ctx.load()) c->TryCancel();
+    if (server)
+      server->Shutdown(std::chrono::system_clock::now() +
+                       std::chrono::seconds(2));
+    if (connector.joinable()) connector.join();
+    if (reaper.joinable()) reaper.join();
+    std::lock_guard<std::mutex> l(mu);
+    pools.clear();
+  }
+
+  bool Stopping() {
+    std::lock_guard<std::mutex> l(stop_mu);
+    return stopping;
+  }
+
+  // ---- bundles ----
+
+  absl::StatusOr<std::shared_ptr<Bundle>> EnsureBundle(
+      const std::string& digest) {
+    std::shared_ptr<std::mutex> lock;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (auto it = bundles.find(digest); it != bundles.end())
+        return it->second;
+      auto& m = bundle_locks[digest];
+      if (!m) m = std::make_shared<std::mutex>();
+      lock = m;
+    }
+    std::lock_guard<std::mutex> fetch_lock(*lock);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (auto it = bundles.find(digest); it != bundles.end())
+        return it->second;
+    }
+    std::string hex = digest.substr(7);
+    std::string dir = options.data_dir + "/bundles/" + hex;
+    std::string tar;
+    if (!std::filesystem::exists(dir + "/manifest.json")) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::minutes(2));
+      v1::FetchBundleRequest req;
+      req.set_digest(digest);
+      auto reader = control->FetchBundle(&ctx, req);
+      v1::BundleChunk chunk;
+      while (reader->Read(&chunk)) tar += chunk.data();
+      grpc::Status st = reader->Finish();
+      if (!st.ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot fetch bundle ", digest,
+                         " from the gateway: ", st.error_message()));
+      }
+      if (proclets::Sha256Digest(tar) != digest)
+        return absl::DataLossError(
+            absl::StrCat("bundle ", digest, " arrived corrupted"));
+      std::string tmp = dir + ".tmp-" + RandomId(6);
+      std::filesystem::create_directories(tmp);
+      if (auto s = proclets::UnpackBundle(tar, tmp); !s.ok()) {
+        std::filesystem::remove_all(tmp);
+        return s;
+      }
+      std::error_code ec;
+      std::filesystem::rename(tmp, dir, ec);
+      if (ec) std::filesystem::remove_all(tmp);  // another process won the race
+    }
+    std::ifstream in(dir + "/manifest.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto manifest = proclets::ParseManifest(ss.str());
+    if (!manifest.ok()) return manifest.status();
+    auto b = std::make_shared<Bundle>(Bundle{dir, *manifest});
+    std::lock_guard<std::mutex> l(mu);
+    bundles[digest] = b;
+    return b;
+  }
+
+  // ---- instances ----
+
+  absl::StatusOr<std::unique_ptr<Instance>> StartInstance(
+      const FunctionSpec& spec, const Bundle& bundle) {
+    auto start = Clock::now();
+    auto inst = std::make_unique<Instance>();
+    inst->id = absl::StrCat(spec.name(), "-", RandomId(8));
+    std::string base = options.data_dir + "/instances/" + inst->id;
+    inst->root_dir = base + "/root";
+    inst->secrets_dir = base + "/secrets";
+    std::filesystem::create_directories(inst->root_dir);
+    std::filesystem::create_directories(inst->secrets_dir);
+    chmod(base.c_str(), 0755);
+    chmod(inst->secrets_dir.c_str(), 0755);
+    for (const auto& [name, value] : spec.secrets()) {
+      if (name.find('/') != std::string::npos || name == ".." || name == ".")
+        continue;
+      std::string path = inst->secrets_dir + "/" + name;
+      std::ofstream(path, std::ios::binary) << value;
+      chmod(path.c_str(), 0644);
+    }
+
+    int chan[2], out[2], err[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) != 0)
+      return absl::InternalError("socketpair failed");
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+      close(chan[0]);
+      close(chan[1]);
+      return absl::InternalError("pipe failed");
+    }
+
+    SandboxSpec sb;
+    sb.root_dir = inst->root_dir;
+    sb.bundle_dir = bundle.dir;
+    sb.secrets_dir = inst->secrets_dir;
+    sb.worker_binary = options.worker_binary;
+    sb.argv = {kSandboxWorkerPath};
+    sb.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8",
+              absl::StrCat("HOSTNAME=", spec.name())};
+    for (const auto& [k, v] : spec.env())
+      sb.env.push_back(absl::StrCat(k, "=", v));
+    if (!spec.env_process().empty() && !spec.env().contains("fprocess"))
+      sb.env.push_back("fprocess=" + spec.env_process());
+    sb.hostname = spec.name();
+    sb.cgroup = absl::StrCat("silt/", node_name, "/", inst->id);
+    sb.memory_limit_bytes = spec.memory_limit_bytes();
+    sb.cpu_millis = spec.cpu_millis();
+    sb.channel_fd = chan[1];
+    sb.stdout_fd = out[1];
+    sb.stderr_fd = err[1];
+    auto proc = Spawn(sb);
+    close(chan[1]);
+    close(out[1]);
+    close(err[1]);
+    std::string fn_key = Key(spec.namespace_(), spec.name());
+    collector->Add(out[0], fn_key, inst->id);
+    collector->Add(err[0], fn_key, inst->id);
+    inst->channel = chan[0];
+    if (!proc.ok()) return proc.status();
+    inst->proc = *std::move(proc);
+
+    v1::WorkerConfig cfg;
+    *cfg.mutable_spec() = spec;
+    cfg.mutable_spec()->clear_secrets();
+    cfg.set_instance_id(inst->id);
+    cfg.set_bundle_dir(kSandboxBundleDir);
+    cfg.set_kind(bundle.manifest.kind);
+    cfg.set_entry(bundle.manifest.kind == "exec" && !spec.env_process().empty()
+                      ? spec.env_process()
+                      : bundle.manifest.entry);
+    cfg.set_mode(bundle.manifest.mode);
+    cfg.set_upstream_url(bundle.manifest.upstream_url);
+    if (auto s = WriteFrame(inst->channel, cfg); !s.ok())
+      return absl::UnavailableError(
+          absl::StrCat("instance ", inst->id, " died at start"));
+    v1::WorkerReady ready;
+    if (auto s = ReadFrame(inst->channel, &ready, std::chrono::seconds(60));
+        !s.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "instance ", inst->id, " did not start: ", DeathReason(*inst)));
+    }
+    if (!ready.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "function ", spec.name(), " failed to start: ", ready.error()));
+    }
+    inst->start_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    inst->last_used = Clock::now();
+    return inst;
+  }
+
+  // Why an instance's channel broke: OOM kill, seccomp violation, crash.
+  std::string DeathReason(Instance& inst) {
+    int st = inst.proc->Kill();
+    if (inst.proc->cgroup().OomKilled())
+      return "killed: out of memory (memory limit reached)";
+    if (WIFSIGNALED(st)) {
+      int sig = WTERMSIG(st);
+      if (sig == SIGSYS) return "killed: forbidden system call (seccomp)";
+      if (sig == SIGKILL) return "killed (SIGKILL)";
+      return absl::StrCat("crashed with signal ", sig, " (", strsignal(sig),
+                          ")");
+    }
+    if (WIFEXITED(st))
+      return absl::StrCat("exited with status ", WEXITSTATUS(st));
+    return "ended";
+  }
+
+  std::shared_ptr<Pool> PoolFor(const FunctionSpec& spec,
+                                std::shared_ptr<Bundle> bundle) {
+    std::lock_guard<std::mutex> l(mu);
+    auto& p = pools[Key(spec.namespace_(), spec.name())];
+    if (!p || p->spec.generation() != spec.generation()) {
+      auto fresh = std::make_shared<Pool>();
+      fresh->spec = spec;
+      fresh->bundle = std::move(bundle);
+      if (p) fresh->min_instances = p->min_instances;
+      p = fresh;  // the old pool's instances stop as their calls end
+    }
+    return p;
+  }
+
+  int MaxInstances(const FunctionSpec& spec) {
+    int max = options.max_instances_per_function;
+    if (auto it = spec.labels().find("com.openfaas.scale.max");
+        it != spec.labels().end()) {
+      int v = 0;
+      if (absl::SimpleAtoi(it->second, &v) && v > 0) max = std::min(max, v);
+    }
+    return max;
+  }
+
+  // Takes an idle instance, or starts one, or waits in the bounded queue.
+  absl::StatusOr<std::unique_ptr<Instance>> Acquire(Pool& pool,
+                                                    Clock::time_point deadline,
+                                                    std::string* tier) {
+    std::unique_lock<std::mutex> l(mu);
+    while (true) {
+      if (!pool.idle.empty()) {
+        auto inst = std::move(pool.idle.back());
+        pool.idle.pop_back();
+        ++pool.busy;
+        *tier = "warm";
+        return inst;
+      }
+      int total =
+          pool.busy + pool.starting + static_cast<int>(pool.idle.size());
+      if (total < MaxInstances(pool.spec)) {
+        ++pool.starting;
+        l.unlock();
+        auto inst = StartInstance(pool.spec, *pool.bundle);
+        l.lock();
+        --pool.starting;
+        if (!inst.ok()) {
+          pool.cv.notify_one();
+          return inst.status();
+        }
+        ++pool.busy;
+        *tier = "boot";
+        return inst;
+      }
+      if (pool.waiting >= options.max_queue_per_function) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "function ", pool.spec.name(), " is at capacity: ", pool.busy,
+            " calls running and ", pool.waiting, " queued"));
+      }
+      ++pool.waiting;
+      bool ok = pool.cv.wait_until(l, deadline, [&] {
+        return !pool.idle.empty() ||
+               pool.busy + pool.starting + static_cast<int>(pool.idle.size()) <
+                   MaxInstances(pool.spec);
+      });
+      --pool.waiting;
+      if (!ok)
+        return absl::DeadlineExceededError(
+            "timed out waiting for a free instance");
+    }
+  }
+
+  void Release(Pool& pool, std::unique_ptr<Instance> inst) {
+    std::lock_guard<std::mutex> l(mu);
+    --pool.busy;
+    if (inst) {
+      inst->last_used = Clock::now();
+      pool.idle.push_back(std::move(inst));
+    }
+    pool.cv.notify_one();
+  }
+
+  std::chrono::milliseconds Timeout(const FunctionSpec& spec,
+                                    uint64_t requested_ms) {
+    std::chrono::milliseconds t = requested_ms > 0
+                                      ? std::chrono::milliseconds(requested_ms)
+                                      : std::chrono::milliseconds(60000);
+    if (auto it = spec.env().find("exec_timeout"); it != spec.env().end()) {
+      if (auto d = ParseDuration(it->second); d && d->count() > 0)
+        t = std::min(t, *d);
+    }
+    return t;
+  }
+
+  grpc::Status Invoke(grpc::ServerContext*, const v1::InvokeRequest* req,
+                      v1::InvokeResponse* res) override {
+    std::shared_ptr<Pool> pool;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto it = pools.find(Key(req->namespace_(), req->name()));
+      if (it != pools.end() &&
+          it->second->spec.generation() == req->generation())
+        pool = it->second;
+    }
+    if (!pool) {
+      if (!req->has_spec() || req->spec().generation() != req->generation())
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            "spec needed");
+      auto bundle = EnsureBundle(req->spec().bundle_digest());
+      if (!bundle.ok()) return ToGrpc(bundle.status());
+      pool = PoolFor(req->spec(), *bundle);
+    }
+    auto timeout = Timeout(pool->spec, req->timeout_ms());
+    auto deadline = Clock::now() + timeout;
+    std::string tier;
+    auto inst = Acquire(*pool, deadline, &tier);
+    if (!inst.ok()) return ToGrpc(inst.status());
+
+    v1::WorkerCall call;
+    call.set_call_id(req->call_id());
+    call.set_method(req->method());
+    call.set_path(req->path());
+    call.set_query(req->query());
+    *call.mutable_headers() = req->headers();
+    call.set_body(req->body());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    call.set_timeout_ms(
+        static_cast<uint64_t>(std::max<int64_t>(1, left.count())));
+    absl::Status s = WriteFrame((*inst)->channel, call);
+    v1::WorkerReply reply;
+    if (s.ok())
+      s = ReadFrame((*inst)->channel, &reply,
+                    left + std::chrono::milliseconds(100));
+    if (!s.ok()) {
+      std::string id = (*inst)->id;
+      std::string why =
+          absl::IsDeadlineExceeded(s) ? "timed out" : DeathReason(**inst);
+      Release(*pool, nullptr);  // the instance is discarded; the next call gets
+                                // a fresh one
+      logs.Append(Key(req->namespace_(), req->name()), id,
+                  absl::StrCat("silt: instance ", id, " ", why));
+      if (absl::IsDeadlineExceeded(s)) {
+        return grpc::Status(
+            grpc::StatusCode::DEADLINE_EXCEEDED,
+            absl::StrCat("function ", req->name(), " timed out after ",
+                         timeout.count(), " ms"));
+      }
+      res->set_status(502);
+      res->set_body(absl::StrCat("function ", req->name(), " instance ", id,
+                                 " ", why, "\n"));
+      auto* h = res->add_headers();
+      h->set_name("Content-Type");
+      h->set_value("text/plain; charset=utf-8");
+      res->set_start_tier(tier);
+      res->set_instance(id);
+      return grpc::Status::OK;
+    }
+    res->set_status(reply.status());
+    *res->mutable_headers() = std::move(*reply.mutable_headers());
+    res->set_body(std::move(*reply.mutable_body()));
+    res->set_start_tier(tier);
+    res->set_start_ms(tier == "warm" ? 0 : (*inst)->start_ms);
+    res->set_instance((*inst)->id);
+    (*inst)->fresh = false;
+    Release(*pool, *std::move(inst));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Logs(grpc::ServerContext* ctx, const v1::LogsRequest* req,
+                    grpc::ServerWriter<v1::LogEntry>* writer) override {
+    logs.Read(
+        Key(req->namespace_(), req->name()), req->since_unix_nanos(),
+        req->tail(), req->follow(),
+        [&](const LogLine& line) {
+          v1::LogEntry e;
+          e.set_name(req->name());
+          e.set_namespace_(req->namespace_());
+          e.set_instance(line.instance);
+          e.set_timestamp_unix_nanos(line.ts);
+          e.set_text(line.text);
+          return writer->Write(e);
+        },
+        [&] { return ctx->IsCancelled() || Stopping(); });
+    return grpc::Status::OK;
+  }
+
+  // ---- desired state, reports, reaping ----
+
+  void ApplyAssignment(const v1::Assignment& a) {
+    std::vector<std::pair<FunctionSpec, uint32_t>> wanted;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      std::set<std::string> keys;
+      for (const auto& spec : a.functions()) {
+        std::string key = Key(spec.namespace_(), spec.name());
+        keys.insert(key);
+        auto it = pools.find(key);
+        if (it != pools.end() &&
+            it->second->spec.generation() == spec.generation()) {
+          it->second->min_instances = spec.min_instances();
+        }
+        wanted.emplace_back(spec, spec.min_instances());
+      }
+      // Functions no longer assigned here (deleted or updated): drop their idle
+      // instances.
+      for (auto it = pools.begin(); it != pools.end();) {
+        if (!keys.contains(it->first)) {
+          it = pools.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& [spec, min] : wanted) {
+      auto bundle = EnsureBundle(spec.bundle_digest());
+      if (!bundle.ok()) {
+        logs.Append(Key(spec.namespace_(), spec.name()), "invoker",
+                    absl::StrCat("silt: ", bundle.status().message()));
+        continue;
+      }
+      auto pool = PoolFor(spec, *bundle);
+      std::lock_guard<std::mutex> l(mu);
+      pool->min_instances = min;  // the reaper loop starts what is missing
+    }
+  }
+
+  // Starts instances until the pool has its minimum.
+  void Fill(std::shared_ptr<Pool> pool) {
+    while (!Stopping()) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        int total =
+            pool->busy + pool->starting + static_cast<int>(pool->idle.size());
+        if (total >= static_cast<int>(pool->min_instances) ||
+            total >= MaxInstances(pool->spec))
+          return;
+        ++pool->starting;
+      }
+      auto inst = StartInstance(pool->spec, *pool->bundle);
+      std::lock_guard<std::mutex> l(mu);
+      --pool->starting;
+      if (!inst.ok()) {
+        logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), "invoker",
+                    absl::StrCat("silt: ", inst.status().message()));
+        return;
+      }
+      (*inst)->last_used = Clock::now();
+      pool->idle.push_back(*std::move(inst));
+      pool->cv.notify_one();
+    }
+  }
+
+  std::chrono::milliseconds IdleTimeout(const FunctionSpec& spec) {
+    if (auto it = spec.labels().find("com.openfaas.scale.zero-duration");
+        it != spec.labels().end())
+      if (auto d = ParseDuration(it->second)) return *d;
+    return options.idle_timeout;
+  }
+
+  void ReapLoop() {
+    while (true) {
+      {
+        std::unique_lock<std::mutex> l(stop_mu);
+        if (stop_cv.wait_for(l, std::chrono::milliseconds(100),
+                             [&] { return stopping; }))
+          return;
+      }
+      std::vector<std::unique_ptr<Instance>> doomed;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        auto now = Clock::now();
+        for (auto& [key, pool] : pools) {
+          auto idle_for = IdleTimeout(pool->spec);
+          // Oldest-idle first; keep the pool's minimum.
+          std::sort(pool->idle.begin(), pool->idle.end(),
+                    [](const auto& a, const auto& b) {
+                      return a->last_used > b->last_used;
+                    });
+          while (!pool->idle.empty() &&
+                 pool->idle.size() + pool->busy > pool->min_instances &&
+                 now - pool->idle.back()->last_used > idle_for) {
+            doomed.push_back(std::move(pool->idle.back()));
+            pool->idle.pop_back();
+          }
+          // Idle instances that died on their own are replaced on demand.
+          for (auto it = pool->idle.begin(); it != pool->idle.end();) {
+            if ((*it)->proc->Poll()) {
+              logs.Append(
+                  key, (*it)->id,
+                  absl::StrCat("silt: idle instance ", (*it)->id, " ended"));
+              doomed.push_back(std::move(*it));
+              it = pool->idle.erase(it);
+            } else {
+              ++it;
+            }
+          }
+        }
+      }
+      doomed.clear();  // kills outside the lock
+      std::vector<std::shared_ptr<Pool>> short_pools;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        for (auto& [key, pool] : pools) {
+          int total =
+              pool->busy + pool->starting + static_cast<int>(pool->idle.size());
+          if (total < static_cast<int>(pool->min_instances))
+            short_pools.push_back(pool);
+        }
+      }
+      for (auto& pool : short_pools) Fill(pool);
+    }
+  }
+
+  v1::LoadReport Report(uint64_t seq) {
+    v1::LoadReport r;
+    r.set_seq(seq);
+    std::lock_guard<std::mutex> l(mu);
+    uint64_t mem = 0;
+    for (const auto& [key, pool] : pools) {
+      auto* c = r.add_instances();
+      c->set_name(pool->spec.name());
+      c->set_namespace_(pool->spec.namespace_());
+      c->set_generation(pool->spec.generation());
+      c->set_ready(static_cast<uint32_t>(pool->idle.size()) +
+                   static_cast<uint32_t>(pool->busy));
+      c->set_busy(static_cast<uint32_t>(pool->busy));
+      for (const auto& inst : pool->idle)
+        mem += inst->proc->cgroup().MemoryUsage();
+    }
+    r.mutable_used()->set_memory_bytes(mem);
+    return r;
+  }
+
+  // Keeps a Connect stream to the gateway: register, report, apply assignments;
+  // reconnects with backoff when the gateway goes away.
+  void ConnectLoop() {
+    int backoff_ms = 100;
+    while (!Stopping()) {
+      grpc::ClientContext ctx;
+      connect_ctx = &ctx;
+      if (Stopping()) break;
+      auto stream = control->Connect(&ctx);
+      v1::NodeMessage hello;
+      auto* reg = hello.mutable_register_();
+      reg->set_node_name(node_name);
+      reg->set_address(address);
+      reg->mutable_capacity()->set_cores(std::thread::hardware_concurrency());
+      struct sysinfo si;
+      if (sysinfo(&si) == 0)
+        reg->mutable_capacity()->set_memory_bytes(
+            static_cast<uint64_t>(si.totalram) * si.mem_unit);
+      if (stream->Write(hello)) {
+        backoff_ms = 100;
+        std::atomic<bool> done{false};
+        std::thread reader([&] {
+          v1::GatewayMessage msg;
+          while (stream->Read(&msg)) {
+            if (msg.has_assignment()) ApplyAssignment(msg.assignment());
+          }
+          done = true;
+          std::lock_guard<std::mutex> l(stop_mu);
+          stop_cv.notify_all();
+        });
+        uint64_t seq = 0;
+        while (!done && !Stopping()) {
+          v1::NodeMessage m;
+          *m.mutable_report() = Report(++seq);
+          if (!stream->Write(m)) break;
+          std::unique_lock<std::mutex> l(stop_mu);
+          stop_cv.wait_for(l, options.report_interval,
+                           [&] { return stopping || done.load(); });
+        }
+        ctx.TryCancel();
+        reader.join();
+      }
+      stream->Finish().IgnoreError();
+      connect_ctx = nullptr;
+      std::unique_lock<std::mutex> l(stop_mu);
+      stop_cv.wait_for(l, std::chrono::milliseconds(backoff_ms),
+                       [&] { return stopping; });
+      backoff_ms = std::min(backoff_ms * 2, 2000);
+    }
+  }
+};
+
+Invoker::Invoker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Invoker::~Invoker() = default;
+
+absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
+    const Options& options) {
+  if (options.data_dir.empty())
+    return absl::InvalidArgumentError("--data-dir is required");
+  if (geteuid() != 0)
+    return absl::PermissionDeniedError(
+        "silt-invoker must run as root: instances run in namespaces and "
+        "cgroups");
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  if (impl->options.worker_binary.empty()) {
+    std::error_code ec;
+    auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    impl->options.worker_binary = (self.parent_path() / "silt-worker").string();
+  }
+  if (access(impl->options.worker_binary.c_str(), X_OK) != 0)
+    return absl::NotFoundError(
+        absl::StrCat("silt-worker not found at ", impl->options.worker_binary));
+  if (auto s = PrepareSeccomp(); !s.ok()) return s;
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir + "/bundles", ec);
+  std::filesystem::remove_all(options.data_dir + "/instances",
+                              ec);  // from a dead invoker
+  std::filesystem::create_directories(options.data_dir + "/instances", ec);
+  if (ec)
+    return absl::PermissionDeniedError(
+        absl::StrCat("data dir: ", ec.message()));
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+                           &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.RegisterService(impl.get());
+  impl->server = builder.BuildAndStart();
+  if (!impl->server || port == 0)
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen));
+  impl->address = options.listen.substr(0, options.listen.rfind(':')) + ":" +
+                  std::to_string(port);
+  impl->node_name = options.node_name;
+  if (impl->node_name.empty()) {
+    char host[64] = {0};
+    gethostname(host, sizeof(host) - 1);
+    impl->node_name = absl::StrCat(absl::AsciiStrToLower(host), "-", port);
+  }
+  CleanupStaleCgroups("silt/" + impl->node_name);
+  impl->collector = std::make_unique<LogCollector>(&impl->logs);
+
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  impl->gateway_channel = grpc::CreateCustomChannel(
+      options.gateway, grpc::InsecureChannelCredentials(), args);
+  impl->control = v1::Control::NewStub(impl->gateway_channel);
+  Impl* p = impl.get();
+  impl->connector = std::thread([p] { p->ConnectLoop(); });
+  impl->reaper = std::thread([p] { p->ReapLoop(); });
+  return std::unique_ptr<Invoker>(new Invoker(std::move(impl)));
+}
+
+std::string Invoker::listen_address() const { return impl_->address; }
+std::string Invoker::node_name() const { return impl_->node_name; }
+
+void Invoker::Wait() {
+  std::unique_lock<std::mutex> l(impl_->stop_mu);
+  impl_->stop_cv.wait(l, [this] { return impl_->stopping; });
+}
+
+void Invoker::Shutdown() {
+  {
+    std::lock_guard<std::mutex> l(impl_->stop_mu);
+    impl_->stopping = true;
+  }
+  impl_->stop_cv.notify_all();
+}
+
+}  // namespace silt::invoker

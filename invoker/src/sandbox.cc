@@ -1,0 +1,882 @@
+#include "sandbox.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace silt::invoker {
+namespace {
+
+// ---- seccomp ----
+
+// What the worker, glibc, libstdc++, Python and ordinary shell tools need.
+// Everything else (mount, ptrace, unshare, setns, bpf, perf_event_open, keyctl,
+// kexec, reboot, module loading, clock setting, swap, chroot, ...) kills the
+// instance.
+constexpr const char* kAllowedSyscalls[] = {
+    "read",
+    "write",
+    "readv",
+    "writev",
+    "pread64",
+    "pwrite64",
+    "preadv",
+    "pwritev",
+    "preadv2",
+    "pwritev2",
+    "open",
+    "openat",
+    "openat2",
+    "close",
+    "close_range",
+    "creat",
+    "stat",
+    "fstat",
+    "lstat",
+    "newfstatat",
+    "statx",
+    "statfs",
+    "fstatfs",
+    "lseek",
+    "access",
+    "faccessat",
+    "faccessat2",
+    "readlink",
+    "readlinkat",
+    "getdents",
+    "getdents64",
+    "getcwd",
+    "chdir",
+    "fchdir",
+    "rename",
+    "renameat",
+    "renameat2",
+    "mkdir",
+    "mkdirat",
+    "rmdir",
+    "link",
+    "linkat",
+    "unlink",
+    "unlinkat",
+    "symlink",
+    "symlinkat",
+    "chmod",
+    "fchmod",
+    "fchmodat",
+    "chown",
+    "fchown",
+    "lchown",
+    "fchownat",
+    "umask",
+    "utime",
+    "utimes",
+    "utimensat",
+    "futimesat",
+    "truncate",
+    "ftruncate",
+    "fsync",
+    "fdatasync",
+    "sync_file_range",
+    "fallocate",
+    "flock",
+    "fcntl",
+    "dup",
+    "dup2",
+    "dup3",
+    "pipe",
+    "pipe2",
+    "ioctl",
+    "sendfile",
+    "copy_file_range",
+    "splice",
+    "tee",
+    "fadvise64",
+    "readahead",
+    "mknod",
+    "mknodat",
+    "getxattr",
+    "lgetxattr",
+    "fgetxattr",
+    "listxattr",
+    "llistxattr",
+    "flistxattr",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_add_watch",
+    "inotify_rm_watch",
+    // memory
+    "brk",
+    "mmap",
+    "munmap",
+    "mremap",
+    "mprotect",
+    "madvise",
+    "mincore",
+    "msync",
+    "mlock",
+    "munlock",
+    "mlock2",
+    "memfd_create",
+    "membarrier",
+    "get_mempolicy",
+    "pkey_alloc",
+    "pkey_free",
+    "pkey_mprotect",
+    // processes and threads
+    "clone",
+    "clone3",
+    "fork",
+    "vfork",
+    "execve",
+    "execveat",
+    "exit",
+    "exit_group",
+    "wait4",
+    "waitid",
+    "kill",
+    "tkill",
+    "tgkill",
+    "getpid",
+    "getppid",
+    "gettid",
+    "getpgrp",
+    "getpgid",
+    "setpgid",
+    "getsid",
+    "setsid",
+    "getuid",
+    "geteuid",
+    "getgid",
+    "getegid",
+    "getresuid",
+    "getresgid",
+    "getgroups",
+    "capget",
+    "set_tid_address",
+    "set_robust_list",
+    "get_robust_list",
+    "futex",
+    "futex_waitv",
+    "rseq",
+    "arch_prctl",
+    "prctl",
+    "sched_yield",
+    "sched_getaffinity",
+    "sched_setaffinity",
+    "sched_getparam",
+    "sched_getscheduler",
+    "sched_get_priority_max",
+    "sched_get_priority_min",
+    "getpriority",
+    "setpriority",
+    "getrlimit",
+    "setrlimit",
+    "prlimit64",
+    "getrusage",
+    "times",
+    "sysinfo",
+    "uname",
+    "personality",
+    "restart_syscall",
+    "pidfd_open",
+    "pidfd_send_signal",
+    // signals
+    "rt_sigaction",
+    "rt_sigprocmask",
+    "rt_sigreturn",
+    "rt_sigpending",
+    "rt_sigtimedwait",
+    "rt_sigsuspend",
+    "rt_sigqueueinfo",
+    "sigaltstack",
+    "pause",
+    "alarm",
+    "signalfd",
+    "signalfd4",
+    // time
+    "nanosleep",
+    "clock_nanosleep",
+    "clock_gettime",
+    "clock_getres",
+    "gettimeofday",
+    "time",
+    "getitimer",
+    "setitimer",
+    "timer_create",
+    "timer_settime",
+    "timer_gettime",
+    "timer_getoverrun",
+    "timer_delete",
+    "timerfd_create",
+    "timerfd_settime",
+    "timerfd_gettime",
+    // polling and events
+    "select",
+    "pselect6",
+    "poll",
+    "ppoll",
+    "epoll_create",
+    "epoll_create1",
+    "epoll_ctl",
+    "epoll_wait",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "eventfd",
+    "eventfd2",
+    // sockets (loopback only: the sandbox has its own network namespace)
+    "socket",
+    "socketpair",
+    "bind",
+    "listen",
+    "accept",
+    "accept4",
+    "connect",
+    "getsockname",
+    "getpeername",
+    "sendto",
+    "recvfrom",
+    "sendmsg",
+    "recvmsg",
+    "sendmmsg",
+    "recvmmsg",
+    "shutdown",
+    "setsockopt",
+    "getsockopt",
+    // misc
+    "getrandom",
+    "getcpu",
+    // SysV/POSIX IPC inside the private IPC namespace
+    "shmget",
+    "shmat",
+    "shmdt",
+    "shmctl",
+    "semget",
+    "semop",
+    "semctl",
+    "semtimedop",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
+};
+
+struct SeccompProgram {
+  std::vector<sock_filter> filter;
+  sock_fprog prog{};
+  absl::Status status;
+};
+
+const SeccompProgram& Seccomp() {
+  static SeccompProgram* p = [] {
+    auto* out = new SeccompProgram;
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_KILL_PROCESS);
+    if (ctx == nullptr) {
+      out->status = absl::InternalError("seccomp_init failed");
+      return out;
+    }
+    for (const char* name : kAllowedSyscalls) {
+      int nr = seccomp_syscall_resolve_name(name);
+      if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
+      int rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0);
+      if (rc < 0 && rc != -EEXIST) {
+        out->status = absl::InternalError(
+            absl::StrCat("seccomp_rule_add(", name, "): ", strerror(-rc)));
+        seccomp_release(ctx);
+        return out;
+      }
+    }
+    int fd = memfd_create("silt-seccomp", MFD_CLOEXEC);
+    int rc = fd < 0 ? -errno : seccomp_export_bpf(ctx, fd);
+    seccomp_release(ctx);
+    if (rc < 0) {
+      out->status = absl::InternalError(
+          absl::StrCat("seccomp_export_bpf: ", strerror(-rc)));
+      if (fd >= 0) close(fd);
+      return out;
+    }
+    off_t size = lseek(fd, 0, SEEK_END);
+    out->filter.resize(static_cast<size_t>(size) / sizeof(sock_filter));
+    if (pread(fd, out->filter.data(), static_cast<size_t>(size), 0) != size) {
+      out->status =
+          absl::InternalError("reading the seccomp program back failed");
+    }
+    close(fd);
+    out->prog.len = static_cast<unsigned short>(out->filter.size());
+    out->prog.filter = out->filter.data();
+    return out;
+  }();
+  return *p;
+}
+
+// ---- cgroups ----
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& value) {
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return absl::InternalError(
+        absl::StrCat("open ", path, ": ", strerror(errno)));
+  ssize_t n = write(fd, value.data(), value.size());
+  int err = errno;
+  close(fd);
+  if (n != static_cast<ssize_t>(value.size()))
+    return absl::InternalError(
+        absl::StrCat("write ", value, " to ", path, ": ", strerror(err)));
+  return absl::OkStatus();
+}
+
+bool IsV2() {
+  return std::filesystem::exists("/sys/fs/cgroup/cgroup.controllers");
+}
+
+// This process's cgroup path in the hierarchy that has `controller` ("" for
+// v2).
+std::string OwnCgroup(const std::string& controller) {
+  std::string text = ReadFile("/proc/self/cgroup");
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> parts =
+        absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (parts.size() != 3) continue;
+    if (controller.empty()
+            ? parts[1].empty()
+            : absl::StrContains(absl::StrCat(",", parts[1], ","),
+                                absl::StrCat(",", controller, ","))) {
+      return std::string(parts[2]);
+    }
+  }
+  return "/";
+}
+
+std::string ControllerRoot(const std::string& controller) {
+  if (controller == "cpu") return "/sys/fs/cgroup/cpu";
+  return "/sys/fs/cgroup/" + controller;
+}
+
+// ---- the child ----
+
+constexpr int kMaxMounts = 16;
+constexpr int kMaxArgs = 256;
+
+struct ChildArgs {
+  // Everything is prepared by the parent: the child only makes syscalls.
+  int channel_fd, stdout_fd, stderr_fd, sync_fd, err_fd, devnull_fd;
+  const char* root;
+  const char* old_root;  // root + "/.oldroot"
+  const char* tmp_opts;
+  const char* hostname;
+  struct Bind {
+    const char* src;
+    const char* dst;
+    bool is_file;
+  } binds[kMaxMounts];
+  int bind_count;
+  const char* mkdirs[32];
+  int mkdir_count;
+  struct Link {
+    const char* target;
+    const char* path;
+  } links[8];
+  int link_count;
+  const char* proc_dir;
+  const char* tmp_dir;
+  const char* dev_dir;
+  int last_cap;
+  char* const* argv;
+  char* const* envp;
+};
+
+[[noreturn]] void ChildFail(const ChildArgs* a, int step) {
+  int err[2] = {step, errno};
+  (void)!write(a->err_fd, err, sizeof(err));
+  _exit(127);
+}
+
+int ChildMain(void* arg) {
+  const ChildArgs* a = static_cast<const ChildArgs*>(arg);
+  // fds: 0 /dev/null, 1 stdout, 2 stderr, 3 channel, 4 sync, 5 err; nothing
+  // else survives. Copy each above 64 first (F_DUPFD never clobbers an open
+  // fd), then into place.
+  const int sources[6] = {a->devnull_fd, a->stdout_fd, a->stderr_fd,
+                          a->channel_fd, a->sync_fd,   a->err_fd};
+  int copies[6];
+  for (int i = 0; i < 6; ++i) {
+    copies[i] = fcntl(sources[i], F_DUPFD, 64);
+    if (copies[i] < 0) _exit(126);
+  }
+  for (int i = 0; i < 6; ++i) {
+    if (dup2(copies[i], i) < 0) _exit(126);
+  }
+  ChildArgs local = *a;
+  local.err_fd = 5;
+  a = &local;
+  syscall(SYS_close_range, 6, ~0U, 0);
+  fcntl(4, F_SETFD, FD_CLOEXEC);
+  fcntl(5, F_SETFD, FD_CLOEXEC);
+
+  char go;
+  if (read(4, &go, 1) != 1) ChildFail(a, 1);  // parent put us into the cgroup
+
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+    ChildFail(a, 2);
+  if (mount("silt-root", a->root, "tmpfs", MS_NOSUID | MS_NODEV,
+            "mode=0755,size=1m") != 0)
+    ChildFail(a, 3);
+  for (int i = 0; i < a->mkdir_count; ++i) {
+    if (mkdir(a->mkdirs[i], 0755) != 0 && errno != EEXIST) ChildFail(a, 4);
+  }
+  for (int i = 0; i < a->link_count; ++i) {
+    if (symlink(a->links[i].target, a->links[i].path) != 0) ChildFail(a, 5);
+  }
+  for (int i = 0; i < a->bind_count; ++i) {
+    const auto& b = a->binds[i];
+    if (b.is_file) {
+      int fd = open(b.dst, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      if (fd < 0) ChildFail(a, 6);
+      close(fd);
+    }
+    if (mount(b.src, b.dst, nullptr, MS_BIND | MS_REC, nullptr) != 0)
+      ChildFail(a, 7);
+    // /dev nodes stay writable (writing /dev/null is normal); everything else
+    // is read-only.
+    unsigned long flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_RDONLY;
+    if (b.is_file && strncmp(b.dst, a->dev_dir, strlen(a->dev_dir)) == 0) {
+      flags &= ~static_cast<unsigned long>(MS_RDONLY);
+    }
+    if (mount(nullptr, b.dst, nullptr, flags, nullptr) != 0) ChildFail(a, 8);
+  }
+  if (mount("proc", a->proc_dir, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+            nullptr) != 0)
+    ChildFail(a, 9);
+  if (mount("tmp", a->tmp_dir, "tmpfs", MS_NOSUID | MS_NODEV, a->tmp_opts) != 0)
+    ChildFail(a, 10);
+  if (chdir(a->root) != 0) ChildFail(a, 11);
+  if (syscall(SYS_pivot_root, ".", ".oldroot") != 0) ChildFail(a, 12);
+  if (chdir("/") != 0) ChildFail(a, 13);
+  if (umount2("/.oldroot", MNT_DETACH) != 0) ChildFail(a, 14);
+  if (rmdir("/.oldroot") != 0) ChildFail(a, 15);
+  if (mount(nullptr, "/", nullptr,
+            MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) != 0)
+    ChildFail(a, 16);
+  if (sethostname(a->hostname, strlen(a->hostname)) != 0) ChildFail(a, 17);
+
+  // Loopback up in the private network namespace.
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) ChildFail(a, 18);
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof(ifr));
+  memcpy(ifr.ifr_name, "lo", 3);
+  if (ioctl(s, SIOCGIFFLAGS, &ifr) != 0) ChildFail(a, 19);
+  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
+  if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) ChildFail(a, 20);
+  close(s);
+
+  // No capabilities, unprivileged ids, no new privileges, seccomp.
+  for (int cap = 0; cap <= a->last_cap; ++cap) {
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
+      ChildFail(a, 21);
+  }
+  if (setgroups(0, nullptr) != 0) ChildFail(a, 22);
+  if (setresgid(65534, 65534, 65534) != 0) ChildFail(a, 23);
+  if (setresuid(65534, 65534, 65534) != 0) ChildFail(a, 24);
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ChildFail(a, 25);
+  if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &Seccomp().prog) != 0)
+    ChildFail(a, 26);
+  execve(a->argv[0], a->argv, a->envp);
+  ChildFail(a, 27);
+}
+
+const char* StepName(int step) {
+  static const char* names[] = {"",
+                                "waiting for the cgroup",
+                                "making mounts private",
+                                "mounting the root tmpfs",
+                                "creating mount points",
+                                "creating symlinks",
+                                "creating a file mount point",
+                                "bind mount",
+                                "read-only remount",
+                                "mounting /proc",
+                                "mounting /tmp",
+                                "chdir to the new root",
+                                "pivot_root",
+                                "chdir /",
+                                "unmounting the old root",
+                                "removing the old root",
+                                "read-only root",
+                                "sethostname",
+                                "socket for loopback",
+                                "reading loopback flags",
+                                "bringing loopback up",
+                                "dropping capabilities",
+                                "setgroups",
+                                "setresgid",
+                                "setresuid",
+                                "no_new_privs",
+                                "installing seccomp",
+                                "execve"};
+  return step > 0 && step < static_cast<int>(std::size(names)) ? names[step]
+                                                               : "unknown step";
+}
+
+}  // namespace
+
+// ---- Cgroup ----
+
+absl::StatusOr<std::unique_ptr<Cgroup>> Cgroup::Create(
+    const std::string& name, uint64_t memory_limit_bytes, uint64_t cpu_millis,
+    uint64_t max_pids) {
+  std::unique_ptr<Cgroup> cg(new Cgroup());
+  cg->v2_ = IsV2();
+  auto make = [&](const std::string& dir) -> absl::Status {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec)
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create cgroup ", dir, ": ", ec.message()));
+    cg->dirs_.push_back(dir);
+    return absl::OkStatus();
+  };
+  if (cg->v2_) {
+    std::string dir = "/sys/fs/cgroup" + OwnCgroup("") + "/" + name;
+    if (auto s = make(dir); !s.ok()) return s;
+    cg->memory_dir_ = dir;
+    if (memory_limit_bytes > 0) {
+      if (auto s = WriteFile(dir + "/memory.max",
+                             std::to_string(memory_limit_bytes));
+          !s.ok())
+        return s;
+      WriteFile(dir + "/memory.swap.max", "0").IgnoreError();  // no swap escape
+    }
+    if (cpu_millis > 0) {
+      if (auto s = WriteFile(dir + "/cpu.max",
+                             absl::StrCat(cpu_millis * 100, " 100000"));
+          !s.ok())
+        return s;
+    }
+    if (auto s = WriteFile(dir + "/pids.max", std::to_string(max_pids));
+        !s.ok())
+      return s;
+    return cg;
+  }
+  std::string mem = ControllerRoot("memory") + OwnCgroup("memory") + "/" + name;
+  if (auto s = make(mem); !s.ok()) return s;
+  cg->memory_dir_ = mem;
+  if (memory_limit_bytes > 0) {
+    if (auto s = WriteFile(mem + "/memory.limit_in_bytes",
+                           std::to_string(memory_limit_bytes));
+        !s.ok())
+      return s;
+    // With swap accounting, also cap memory+swap so the limit cannot be dodged
+    // by swapping.
+    if (std::filesystem::exists(mem + "/memory.memsw.limit_in_bytes"))
+      WriteFile(mem + "/memory.memsw.limit_in_bytes",
+                std::to_string(memory_limit_bytes))
+          .IgnoreError();
+  }
+  std::string cpu = ControllerRoot("cpu") + OwnCgroup("cpu") + "/" + name;
+  if (auto s = make(cpu); !s.ok()) return s;
+  if (cpu_millis > 0) {
+    if (auto s = WriteFile(cpu + "/cpu.cfs_period_us", "100000"); !s.ok())
+      return s;
+    if (auto s = WriteFile(cpu + "/cpu.cfs_quota_us",
+                           std::to_string(cpu_millis * 100));
+        !s.ok())
+      return s;
+  }
+  std::string pids = ControllerRoot("pids") + OwnCgroup("pids") + "/" + name;
+  if (auto s = make(pids); !s.ok()) return s;
+  if (auto s = WriteFile(pids + "/pids.max", std::to_string(max_pids)); !s.ok())
+    return s;
+  return cg;
+}
+
+Cgroup::~Cgroup() {
+  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) rmdir(it->c_str());
+}
+
+absl::Status Cgroup::AddProcess(pid_t pid) {
+  for (const auto& d : dirs_) {
+    if (auto s = WriteFile(d + "/cgroup.procs", std::to_string(pid)); !s.ok())
+      return s;
+  }
+  return absl::OkStatus();
+}
+
+bool Cgroup::OomKilled() const {
+  std::string text =
+      ReadFile(memory_dir_ + (v2_ ? "/memory.events" : "/memory.oom_control"));
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    uint64_t n = 0;
+    if (absl::ConsumePrefix(&line, "oom_kill ") && absl::SimpleAtoi(line, &n) &&
+        n > 0)
+      return true;
+  }
+  return false;
+}
+
+uint64_t Cgroup::MemoryUsage() const {
+  uint64_t v = 0;
+  std::string text = ReadFile(
+      memory_dir_ + (v2_ ? "/memory.current" : "/memory.usage_in_bytes"));
+  (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &v);
+  return v;
+}
+
+// ---- SandboxedProcess ----
+
+SandboxedProcess::~SandboxedProcess() { Kill(); }
+
+int SandboxedProcess::Kill() {
+  if (pid_ > 0 && !reaped_) {
+    kill(pid_, SIGKILL);
+    while (waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+  }
+  return status_;
+}
+
+std::optional<int> SandboxedProcess::Poll() {
+  if (reaped_) return status_;
+  int st = 0;
+  pid_t r = waitpid(pid_, &st, WNOHANG);
+  if (r == pid_) {
+    reaped_ = true;
+    status_ = st;
+    return st;
+  }
+  return std::nullopt;
+}
+
+absl::Status PrepareSeccomp() { return Seccomp().status; }
+
+absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
+    const SandboxSpec& spec) {
+  if (geteuid() != 0)
+    return absl::PermissionDeniedError(
+        "sandboxed instances need root (namespaces, cgroups)");
+  if (auto s = PrepareSeccomp(); !s.ok()) return s;
+  if (spec.argv.empty() || spec.argv.size() >= kMaxArgs)
+    return absl::InvalidArgumentError("sandbox argv is empty or too long");
+
+  // Everything the child needs, as stable strings.
+  std::vector<std::string> strings;
+  strings.reserve(128);
+  auto keep = [&](std::string s) -> const char* {
+    strings.push_back(std::move(s));
+    return strings.back().c_str();
+  };
+  ChildArgs a{};
+  a.root = keep(spec.root_dir);
+  a.old_root = keep(spec.root_dir + "/.oldroot");
+  a.tmp_opts = keep(absl::StrCat("mode=1777,size=", spec.tmp_bytes));
+  a.hostname =
+      keep(spec.hostname.empty() ? "silt" : spec.hostname.substr(0, 63));
+  a.proc_dir = keep(spec.root_dir + "/proc");
+  a.tmp_dir = keep(spec.root_dir + "/tmp");
+  a.dev_dir = keep(spec.root_dir + "/dev/");
+  for (const char* d :
+       {"/.oldroot", "/proc", "/tmp", "/dev", "/usr", "/etc", "/var",
+        "/var/silt", "/var/silt/bin", "/var/silt/bundle", "/var/openfaas",
+        "/var/openfaas/secrets"}) {
+    a.mkdirs[a.mkdir_count++] = keep(spec.root_dir + d);
+  }
+  auto bind = [&](const std::string& src, const std::string& dst,
+                  bool is_file) {
+    a.binds[a.bind_count++] = {keep(src), keep(spec.root_dir + dst), is_file};
+  };
+  bind("/usr", "/usr", false);
+  bind("/etc", "/etc", false);
+  // Debian 12 merges /bin, /sbin, /lib* into /usr: keep them as links, else
+  // bind them.
+  for (const char* top :
+       {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
+    std::error_code ec;
+    auto st = std::filesystem::symlink_status(top, ec);
+    if (ec || !std::filesystem::exists(st)) continue;
+    if (std::filesystem::is_symlink(st)) {
+      a.links[a.link_count++] = {
+          keep(std::filesystem::read_symlink(top).string()),
+          keep(spec.root_dir + top)};
+    } else {
+      a.mkdirs[a.mkdir_count++] = keep(spec.root_dir + top);
+      bind(top, top, false);
+    }
+  }
+  for (const char* dev : {"null", "zero", "full", "random", "urandom"}) {
+    bind(absl::StrCat("/dev/", dev), absl::StrCat("/dev/", dev), true);
+  }
+  bind(spec.bundle_dir, kSandboxBundleDir, false);
+  bind(spec.secrets_dir, kSandboxSecretsDir, false);
+  bind(spec.worker_binary, kSandboxWorkerPath, true);
+
+  std::vector<char*> argv, envp;
+  for (const auto& s : spec.argv) argv.push_back(const_cast<char*>(keep(s)));
+  argv.push_back(nullptr);
+  for (const auto& s : spec.env) envp.push_back(const_cast<char*>(keep(s)));
+  envp.push_back(nullptr);
+  a.argv = argv.data();
+  a.envp = envp.data();
+  a.last_cap = 40;
+  {
+    std::string text = ReadFile("/proc/sys/kernel/cap_last_cap");
+    (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &a.last_cap);
+  }
+
+  int sync[2], err[2];
+  if (pipe2(sync, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(sync[0]);
+    close(sync[1]);
+    return absl::InternalError("pipe failed");
+  }
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  a.channel_fd = spec.channel_fd;
+  a.stdout_fd = spec.stdout_fd;
+  a.stderr_fd = spec.stderr_fd;
+  a.sync_fd = sync[0];
+  a.err_fd = err[1];
+  a.devnull_fd = devnull;
+
+  auto proc = std::unique_ptr<SandboxedProcess>(new SandboxedProcess());
+  auto cg = Cgroup::Create(spec.cgroup, spec.memory_limit_bytes,
+                           spec.cpu_millis, spec.max_pids);
+  auto close_all = [&] {
+    close(sync[0]);
+    close(sync[1]);
+    close(err[0]);
+    close(err[1]);
+    close(devnull);
+  };
+  if (!cg.ok()) {
+    close_all();
+    return cg.status();
+  }
+  proc->cgroup_ = *std::move(cg);
+
+  constexpr size_t kStack = 256 << 10;
+  void* stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) {
+    close_all();
+    return absl::ResourceExhaustedError("mmap of the clone stack failed");
+  }
+  pid_t pid = clone(ChildMain, static_cast<char*>(stack) + kStack,
+                    CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS |
+                        CLONE_NEWNET | SIGCHLD,
+                    &a);
+  int clone_errno = errno;
+  munmap(stack, kStack);
+  close(sync[0]);
+  close(err[1]);
+  close(devnull);
+  if (pid < 0) {
+    close(sync[1]);
+    close(err[0]);
+    return absl::InternalError(absl::StrCat("clone: ", strerror(clone_errno)));
+  }
+  proc->pid_ = pid;
+  absl::Status added = proc->cgroup_->AddProcess(pid);
+  if (!added.ok()) {
+    close(sync[1]);
+    close(err[0]);
+    return added;  // the destructor kills the child
+  }
+  char go = 1;
+  (void)!write(sync[1], &go, 1);
+  close(sync[1]);
+  int report[2] = {0, 0};
+  ssize_t n;
+  while ((n = read(err[0], report, sizeof(report))) < 0 && errno == EINTR) {
+  }
+  close(err[0]);
+  if (n > 0) {
+    proc->Kill();
+    return absl::InternalError(absl::StrCat("sandbox set-up failed at ",
+                                            StepName(report[0]), ": ",
+                                            strerror(report[1])));
+  }
+  return proc;
+}
+
+void CleanupStaleCgroups(const std::string& prefix) {
+  std::vector<std::string> roots;
+  if (IsV2()) {
+    roots.push_back("/sys/fs/cgroup" + OwnCgroup("") + "/" + prefix);
+  } else {
+    for (const char* c : {"memory", "cpu", "pids"})
+      roots.push_back(ControllerRoot(c) + OwnCgroup(c) + "/" + prefix);
+  }
+  for (const auto& root : roots) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(root, ec)) continue;
+    std::vector<std::string> dirs;
+    for (auto it = std::filesystem::recursive_directory_iterator(root, ec);
+         it != std::filesystem::recursive_directory_iterator();
+         it.increment(ec)) {
+      if (ec) break;
+      if (it->is_directory()) dirs.push_back(it->path().string());
+    }
+    dirs.push_back(root);
+    std::sort(dirs.rbegin(), dirs.rend());  // children first
+    for (const auto& d : dirs) {
+      std::string procs = ReadFile(d + "/cgroup.procs");
+      for (absl::string_view p :
+           absl::StrSplit(procs, '\n', absl::SkipEmpty())) {
+        int pid = 0;
+        if (absl::SimpleAtoi(p, &pid) && pid > 1) kill(pid, SIGKILL);
+      }
+    }
+    // Killed processes leave asynchronously; rmdir succeeds once each cgroup is
+    // empty.
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      bool all = true;
+      for (const auto& d : dirs) {
+        if (rmdir(d.c_str()) != 0 && errno != ENOENT) all = false;
+      }
+      if (all) break;
+      sched_yield();
+    }
+  }
+}
+
+}  // namespace silt::invoker

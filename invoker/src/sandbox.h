@@ -1,0 +1,102 @@
+// Runs one process in a sandbox: its own PID, mount, IPC, UTS and network
+// namespaces (loopback only), a read-only view of the system under a fresh
+// root, the bundle and the secrets mounted read-only, a private writable /tmp,
+// a cgroup with the memory, CPU and pids limits, no capabilities, no_new_privs,
+// uid/gid 65534, and a seccomp allow-list filter (built once, before any fork)
+// that kills the process on any other syscall.
+#ifndef SILT_INVOKER_SANDBOX_H_
+#define SILT_INVOKER_SANDBOX_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace silt::invoker {
+
+// Where things appear inside every sandbox.
+inline constexpr char kSandboxBundleDir[] = "/var/silt/bundle";
+inline constexpr char kSandboxWorkerPath[] = "/var/silt/bin/silt-worker";
+inline constexpr char kSandboxSecretsDir[] = "/var/openfaas/secrets";
+
+struct SandboxSpec {
+  std::string
+      root_dir;  // empty host dir used as the mount point of the new root
+  std::string bundle_dir;         // host dir → kSandboxBundleDir (ro)
+  std::string secrets_dir;        // host dir → kSandboxSecretsDir (ro)
+  std::string worker_binary;      // host file → kSandboxWorkerPath (ro)
+  std::vector<std::string> argv;  // argv[0] is the path inside the sandbox
+  std::vector<std::string> env;   // KEY=VALUE
+  std::string hostname;
+  std::string cgroup;  // relative cgroup name, e.g. "silt/node-a/fn-1a2b"
+  uint64_t memory_limit_bytes = 0;  // 0 = no limit
+  uint64_t cpu_millis = 0;          // 0 = no limit
+  uint64_t max_pids = 1024;
+  uint64_t tmp_bytes = 64 << 20;
+  int channel_fd = -1;  // becomes fd 3 inside
+  int stdout_fd = -1;   // becomes fd 1
+  int stderr_fd = -1;   // becomes fd 2
+};
+
+// The cgroups of one instance (v1 memory/cpu/pids hierarchies, or v2 unified).
+class Cgroup {
+ public:
+  static absl::StatusOr<std::unique_ptr<Cgroup>> Create(
+      const std::string& name, uint64_t memory_limit_bytes, uint64_t cpu_millis,
+      uint64_t max_pids);
+  ~Cgroup();  // removes the (empty) cgroups
+  absl::Status AddProcess(pid_t pid);
+  // The kernel's OOM killer acted in this cgroup.
+  bool OomKilled() const;
+  uint64_t MemoryUsage() const;
+
+ private:
+  Cgroup() = default;
+  std::vector<std::string> dirs_;
+  std::string memory_dir_;
+  bool v2_ = false;
+};
+
+class SandboxedProcess {
+ public:
+  ~SandboxedProcess();  // SIGKILLs the process (and so its PID namespace) and
+                        // reaps it
+  pid_t pid() const { return pid_; }
+  Cgroup& cgroup() { return *cgroup_; }
+  // Kills and reaps; returns the wait status.
+  int Kill();
+  // Non-blocking: the wait status if the process has exited.
+  std::optional<int> Poll();
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
+      const SandboxSpec& spec);
+  pid_t pid_ = -1;
+  int status_ = 0;
+  bool reaped_ = false;
+  std::unique_ptr<Cgroup> cgroup_;
+};
+
+// Starts spec.argv in a new sandbox. Fails with a message naming the set-up
+// step and errno when the sandbox cannot be built (e.g. not root).
+absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
+    const SandboxSpec& spec);
+
+// Builds the seccomp filter now (it is built once per process anyway); call at
+// start-up so that the first instance start does not pay for it and errors show
+// early.
+absl::Status PrepareSeccomp();
+
+// Kills the processes left in Silt's cgroups by an earlier invoker of this node
+// and removes the cgroups (restart into a consistent state).
+void CleanupStaleCgroups(const std::string& prefix);
+
+}  // namespace silt::invoker
+
+#endif  // SILT_INVOKER_SANDBOX_H_

@@ -1,0 +1,420 @@
+// silt-worker: one function instance. Started by the invoker inside a sandbox
+// with the channel to the invoker on fd 3. Reads its WorkerConfig, gets the
+// function ready (loads the native bundle and runs its init, or starts the exec
+// server), reports WorkerReady, then serves WorkerCalls one at a time.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "channel.h"
+#include "invoker/proto/invoker.pb.h"
+#include "proclets/function_library.h"
+#include "sandbox.h"
+
+extern char** environ;
+
+namespace silt::invoker {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using v1::WorkerCall;
+using v1::WorkerConfig;
+using v1::WorkerReply;
+
+constexpr int kChannel = 3;
+
+void LogLine(const std::string& msg) {
+  // Go's log format, as the OpenFaaS watchdogs write it.
+  time_t now = time(nullptr);
+  struct tm tm;
+  localtime_r(&now, &tm);
+  char ts[32];
+  strftime(ts, sizeof(ts), "%Y/%m/%d %H:%M:%S", &tm);
+  fprintf(stderr, "%s %s\n", ts, msg.c_str());
+  fflush(stderr);
+}
+
+std::vector<std::string> SplitCommand(const std::string& cmd) {
+  return absl::StrSplit(cmd, ' ', absl::SkipEmpty());
+}
+
+WorkerReply Error(int status, const std::string& msg) {
+  WorkerReply r;
+  r.set_status(status);
+  r.set_error(msg);
+  r.set_body(msg + "\n");
+  auto* h = r.add_headers();
+  h->set_name("Content-Type");
+  h->set_value("text/plain; charset=utf-8");
+  return r;
+}
+
+std::string HeaderValue(const WorkerCall& c, absl::string_view name) {
+  for (const auto& h : c.headers())
+    if (absl::EqualsIgnoreCase(h.name(), name)) return h.value();
+  return "";
+}
+
+// ---- native ----
+
+class NativeRuntime {
+ public:
+  absl::Status Start(const WorkerConfig& cfg) {
+    ctx_.function_name = cfg.spec().name();
+    ctx_.function_namespace = cfg.spec().namespace_();
+    ctx_.instance_id = cfg.instance_id();
+    ctx_.secrets_dir = kSandboxSecretsDir;
+    auto lib =
+        proclets::FunctionLibrary::Load(cfg.bundle_dir() + "/" + cfg.entry());
+    if (!lib.ok()) return lib.status();
+    lib_ = *std::move(lib);
+    return lib_->Init(ctx_);
+  }
+
+  WorkerReply Call(const WorkerCall& c) {
+    ctx_.call_id = c.call_id();
+    proclets::FunctionCall call;
+    call.method = c.method();
+    call.path = c.path();
+    call.query = c.query();
+    for (const auto& h : c.headers())
+      call.headers.emplace_back(h.name(), h.value());
+    call.body = c.body();
+    auto res = lib_->Handle(ctx_, call);
+    if (!res.ok()) return Error(500, std::string(res.status().message()));
+    WorkerReply r;
+    r.set_status(res->status);
+    for (auto& [k, v] : res->headers) {
+      auto* h = r.add_headers();
+      h->set_name(k);
+      h->set_value(v);
+    }
+    r.set_body(std::move(res->body));
+    return r;
+  }
+
+ private:
+  proclets::CallContext ctx_;
+  std::unique_ptr<proclets::FunctionLibrary> lib_;
+};
+
+// ---- exec, classic: fork fprocess per request ----
+
+class ClassicRuntime {
+ public:
+  absl::Status Start(const WorkerConfig& cfg) {
+    argv_ = SplitCommand(cfg.entry());
+    if (argv_.empty()) return absl::InvalidArgumentError("empty fprocess");
+    return absl::OkStatus();
+  }
+
+  WorkerReply Call(const WorkerCall& c) {
+    auto start = std::chrono::steady_clock::now();
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+    for (const auto& h : c.headers()) {
+      std::string name = h.name();
+      for (char& ch : name)
+        if (ch == '-') ch = '_';
+      env.push_back(absl::StrCat("Http_", name, "=", h.value()));
+    }
+    env.push_back("Http_Method=" + c.method());
+    env.push_back(absl::StrCat("Http_ContentLength=", c.body().size()));
+    env.push_back(absl::StrCat("Http_Content_Length=", c.body().size()));
+    if (!c.query().empty()) env.push_back("Http_Query=" + c.query());
+    env.push_back("Http_Path=" + c.path());
+    env.push_back("Http_Host=" + HeaderValue(c, "Host"));
+
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0)
+      return Error(500, "cannot create pipes for fprocess");
+    std::vector<char*> argv, envp;
+    for (auto& a : argv_) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    LogLine("Forking fprocess.");
+    pid_t pid = fork();
+    if (pid == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      environ = envp.data();
+      execvp(argv[0], argv.data());
+      fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    if (pid < 0) {
+      close(in[1]);
+      close(out[0]);
+      return Error(500, "fork of fprocess failed");
+    }
+    // Feed stdin and drain stdout together so that neither side blocks the
+    // other.
+    const std::string& body = c.body();
+    size_t written = 0;
+    std::string output;
+    fcntl(in[1], F_SETFL, O_NONBLOCK);
+    bool in_open = true;
+    if (body.empty()) {
+      close(in[1]);
+      in_open = false;
+    }
+    auto deadline =
+        c.timeout_ms() > 0
+            ? std::optional(start + std::chrono::milliseconds(c.timeout_ms()))
+            : std::nullopt;
+    bool timed_out = false;
+    while (true) {
+      pollfd fds[2] = {{out[0], POLLIN, 0}, {in_open ? in[1] : -1, POLLOUT, 0}};
+      int wait_ms = -1;
+      if (deadline) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            *deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) {
+          timed_out = true;
+          break;
+        }
+        wait_ms = static_cast<int>(left.count());
+      }
+      int r = poll(fds, 2, wait_ms);
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) continue;
+      if (in_open && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
+        ssize_t n = write(in[1], body.data() + written, body.size() - written);
+        if (n > 0) written += static_cast<size_t>(n);
+        if (n < 0 && errno != EAGAIN) written = body.size();
+        if (written == body.size()) {
+          close(in[1]);
+          in_open = false;
+        }
+      }
+      if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+        char buf[65536];
+        ssize_t n = read(out[0], buf, sizeof(buf));
+        if (n > 0) {
+          output.append(buf, static_cast<size_t>(n));
+        } else if (n == 0 || errno != EINTR) {
+          break;
+        }
+      }
+    }
+    if (in_open) close(in[1]);
+    close(out[0]);
+    if (timed_out) kill(pid, SIGKILL);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    if (timed_out) return Error(504, "Killed process: exec_timeout exceeded");
+    LogLine(absl::StrCat("Wrote ", output.size(), " Bytes - Duration: ",
+                         absl::StrFormat("%f", secs), "s"));
+    WorkerReply r;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      r = Error(500,
+                absl::StrCat("exit status ",
+                             WIFEXITED(status) ? WEXITSTATUS(status) : -1));
+      r.set_body(absl::StrCat(r.body(), output));
+      return r;
+    }
+    r.set_status(200);
+    std::string ct =
+        std::getenv("content_type") ? std::getenv("content_type") : "";
+    if (ct.empty()) ct = HeaderValue(c, "Content-Type");
+    if (!ct.empty()) {
+      auto* h = r.add_headers();
+      h->set_name("Content-Type");
+      h->set_value(ct);
+    }
+    auto* d = r.add_headers();
+    d->set_name("X-Duration-Seconds");
+    d->set_value(absl::StrFormat("%f", secs));
+    r.set_body(std::move(output));
+    return r;
+  }
+
+ private:
+  std::vector<std::string> argv_;
+};
+
+// ---- exec, http: a long-running server the worker proxies to ----
+
+class HttpRuntime {
+ public:
+  absl::Status Start(const WorkerConfig& cfg) {
+    std::vector<std::string> argv = SplitCommand(cfg.entry());
+    if (argv.empty()) return absl::InvalidArgumentError("empty fprocess");
+    std::string url = cfg.upstream_url().empty() ? "http://127.0.0.1:5000"
+                                                 : cfg.upstream_url();
+    absl::string_view u = url;
+    absl::ConsumePrefix(&u, "http://");
+    u = u.substr(0, u.find('/'));
+    size_t colon = u.rfind(':');
+    host_ = std::string(u.substr(0, colon));
+    port_ = colon == absl::string_view::npos ? "80"
+                                             : std::string(u.substr(colon + 1));
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    server_ = fork();
+    if (server_ == 0) {
+      execvp(args[0], args.data());
+      fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
+      _exit(127);
+    }
+    if (server_ < 0)
+      return absl::InternalError("fork of the function server failed");
+    // Wait until the server accepts connections (or dies).
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
+      int st = 0;
+      if (waitpid(server_, &st, WNOHANG) == server_)
+        return absl::FailedPreconditionError(
+            absl::StrCat("the function server \"", cfg.entry(),
+                         "\" exited during start-up"));
+      if (Connect().ok()) return absl::OkStatus();
+      struct timespec ts = {0, 5 * 1000 * 1000};
+      nanosleep(&ts, nullptr);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the function server did not listen on ", url, " within 30 s"));
+  }
+
+  WorkerReply Call(const WorkerCall& c) {
+    auto start = std::chrono::steady_clock::now();
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (!stream_ && !Connect().ok()) break;
+      http::request<http::string_body> req;
+      req.method_string(c.method());
+      req.target(c.query().empty() ? c.path() : c.path() + "?" + c.query());
+      req.version(11);
+      for (const auto& h : c.headers()) req.insert(h.name(), h.value());
+      req.body() = c.body();
+      req.prepare_payload();
+      req.keep_alive(true);
+      beast::error_code ec;
+      if (c.timeout_ms() > 0)
+        stream_->expires_after(std::chrono::milliseconds(c.timeout_ms()));
+      http::write(*stream_, req, ec);
+      beast::flat_buffer buffer;
+      http::response_parser<http::string_body> parser;
+      parser.body_limit(kMaxFrameBytes);
+      if (!ec) http::read(*stream_, buffer, parser, ec);
+      if (ec == beast::error::timeout) {
+        stream_.reset();
+        return Error(504, "function server timed out");
+      }
+      if (ec) {
+        stream_
+            .reset();  // stale keep-alive connection: retry once on a new one
+        continue;
+      }
+      auto& res = parser.get();
+      WorkerReply r;
+      r.set_status(static_cast<int>(res.result_int()));
+      for (const auto& f : res) {
+        if (beast::iequals(f.name_string(), "Connection") ||
+            beast::iequals(f.name_string(), "Transfer-Encoding") ||
+            beast::iequals(f.name_string(), "Content-Length"))
+          continue;
+        auto* h = r.add_headers();
+        h->set_name(std::string(f.name_string()));
+        h->set_value(std::string(f.value()));
+      }
+      auto* d = r.add_headers();
+      d->set_name("X-Duration-Seconds");
+      d->set_value(absl::StrFormat(
+          "%f", std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                              start)
+                    .count()));
+      r.set_body(std::move(res.body()));
+      if (!res.keep_alive()) stream_.reset();
+      return r;
+    }
+    return Error(502, "cannot reach the function server");
+  }
+
+ private:
+  absl::Status Connect() {
+    auto s = std::make_unique<beast::tcp_stream>(ioc_);
+    asio::ip::tcp::resolver resolver(ioc_);
+    beast::error_code ec;
+    auto eps = resolver.resolve(host_, port_, ec);
+    if (!ec) s->connect(eps, ec);
+    if (ec) return absl::UnavailableError(ec.message());
+    stream_ = std::move(s);
+    return absl::OkStatus();
+  }
+  asio::io_context ioc_;
+  std::unique_ptr<beast::tcp_stream> stream_;
+  std::string host_, port_;
+  pid_t server_ = -1;
+};
+
+template <typename Runtime>
+int Serve(const WorkerConfig& cfg) {
+  Runtime rt;
+  absl::Status s = rt.Start(cfg);
+  v1::WorkerReady ready;
+  ready.set_ok(s.ok());
+  if (!s.ok()) {
+    ready.set_error(std::string(s.message()));
+    fprintf(stderr, "silt-worker: %s\n", ready.error().c_str());
+  }
+  if (!WriteFrame(kChannel, ready).ok() || !s.ok()) return 1;
+  while (true) {
+    WorkerCall call;
+    absl::Status r = ReadFrame(kChannel, &call);
+    if (!r.ok()) return 0;  // the invoker closed the channel: stop
+    WorkerReply reply = rt.Call(call);
+    if (!WriteFrame(kChannel, reply).ok()) return 0;
+  }
+}
+
+}  // namespace
+}  // namespace silt::invoker
+
+int main() {
+  using namespace silt::invoker;
+  signal(SIGPIPE, SIG_IGN);
+  v1::WorkerConfig cfg;
+  if (auto s = ReadFrame(kChannel, &cfg, std::chrono::seconds(30)); !s.ok()) {
+    fprintf(stderr, "silt-worker: no configuration on fd 3: %s\n",
+            std::string(s.message()).c_str());
+    return 2;
+  }
+  if (cfg.kind() == "native") return Serve<NativeRuntime>(cfg);
+  if (cfg.kind() == "exec" && cfg.mode() == "http")
+    return Serve<HttpRuntime>(cfg);
+  if (cfg.kind() == "exec") return Serve<ClassicRuntime>(cfg);
+  fprintf(stderr, "silt-worker: unknown bundle kind %s\n", cfg.kind().c_str());
+  return 2;
+}

@@ -1,0 +1,123 @@
+// The sandbox on its own: real namespaces, cgroups and seccomp (needs root).
+#include "sandbox.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "common/process.h"
+#include "gtest/gtest.h"
+
+namespace silt::invoker {
+namespace {
+
+class SandboxTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0)
+      GTEST_SKIP() << "the sandbox needs root (namespaces, cgroups)";
+    dir_ = testing::MakeTempDir("silt-sandbox");
+    std::filesystem::create_directories(dir_ + "/root");
+    std::filesystem::create_directories(dir_ + "/bundle");
+    std::filesystem::create_directories(dir_ + "/secrets");
+    std::ofstream(dir_ + "/bundle/data.txt") << "bundle-data";
+    std::ofstream(dir_ + "/secrets/token") << "s3cret";
+    std::filesystem::permissions(dir_, std::filesystem::perms(0755));
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  struct Result {
+    int status;
+    std::string out;
+  };
+  // Runs a shell script in a fresh sandbox and returns its wait status and
+  // stdout.
+  Result RunSh(const std::string& script, uint64_t memory = 0) {
+    int out[2];
+    EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
+    int chan[2];
+    EXPECT_EQ(pipe2(chan, O_CLOEXEC), 0);
+    SandboxSpec spec;
+    spec.root_dir = dir_ + "/root";
+    spec.bundle_dir = dir_ + "/bundle";
+    spec.secrets_dir = dir_ + "/secrets";
+    spec.worker_binary = "/bin/true";
+    spec.argv = {"/bin/sh", "-c", script};
+    spec.env = {"PATH=/usr/bin:/bin"};
+    spec.hostname = "fn-test";
+    spec.cgroup =
+        "silt/test/" + std::to_string(getpid()) + "-" + std::to_string(++n_);
+    spec.memory_limit_bytes = memory;
+    spec.channel_fd = chan[0];
+    spec.stdout_fd = out[1];
+    spec.stderr_fd = 2;
+    auto p = Spawn(spec);
+    close(out[1]);
+    close(chan[0]);
+    close(chan[1]);
+    EXPECT_TRUE(p.ok()) << p.status();
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(out[0], buf, sizeof(buf))) > 0)
+      text.append(buf, static_cast<size_t>(n));
+    close(out[0]);
+    int st = p.ok() ? (*p)->Kill() : -1;
+    return {st, text};
+  }
+  std::string dir_;
+  int n_ = 0;
+};
+
+TEST_F(SandboxTest, IsolatedReadOnlyUnprivileged) {
+  auto r = RunSh(
+      "echo pid=$$; echo host=$(hostname); echo uid=$(id -u); cat "
+      "/var/silt/bundle/data.txt; "
+      "echo; cat /var/openfaas/secrets/token; echo; "
+      "touch /usr/x 2>/dev/null && echo usr-writable || echo usr-ro; "
+      "touch /var/silt/bundle/x 2>/dev/null && echo bundle-writable || echo "
+      "bundle-ro; "
+      "echo hi > /tmp/x && cat /tmp/x; "
+      "ls /sys/class/net 2>/dev/null | tr '\\n' ' '; cat /proc/net/dev | tail "
+      "-n +3 | "
+      "cut -d: -f1 | tr -d ' ' | tr '\\n' ','; echo; "
+      "grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status; "
+      "grep Seccomp: /proc/self/status");
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.status;
+  EXPECT_TRUE(absl::StrContains(r.out, "pid=1\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "host=fn-test\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "uid=65534\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "bundle-data\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "s3cret\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "usr-ro\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "bundle-ro\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "hi\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "lo,\n")) << r.out;  // loopback only
+  EXPECT_TRUE(absl::StrContains(r.out, "CapEff:\t0000000000000000")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "NoNewPrivs:\t1")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "Seccomp:\t2")) << r.out;
+}
+
+TEST_F(SandboxTest, ForbiddenSyscallKillsOnlyTheSandbox) {
+  // unshare(2) is not on the allow list.
+  auto r = RunSh("echo before; exec unshare --user true");
+  ASSERT_TRUE(WIFSIGNALED(r.status)) << r.status << " " << r.out;
+  EXPECT_EQ(WTERMSIG(r.status), SIGSYS);
+  EXPECT_EQ(r.out, "before\n");
+}
+
+TEST_F(SandboxTest, MemoryLimitKills) {
+  // A shell string doubling past the limit.
+  auto r = RunSh("x=0123456789; while true; do x=$x$x; done", 32 << 20);
+  ASSERT_TRUE(WIFSIGNALED(r.status)) << r.status;
+  EXPECT_EQ(WTERMSIG(r.status), SIGKILL);
+}
+
+}  // namespace
+}  // namespace silt::invoker
