@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-listen", o.metrics_listen,
                  "Prometheus metrics address")
       ->capture_default_str();
+  app.add_option("--grpc-listen", o.grpc_listen, "gRPC address invokers connect to")
+      ->capture_default_str();
   app.add_option("--data-dir", o.data_dir,
                  "Directory for the store and credentials")
       ->required();
@@ -32,7 +34,18 @@ int main(int argc, char** argv) {
   app.add_option("--max-body-mib", max_body_mib,
                  "Largest /system/* request body, MiB")
       ->capture_default_str();
-  int read_timeout_s = 60, write_timeout_s = 60;
+  int read_timeout_s = 60, write_timeout_s = 60, upstream_timeout_s = 60;
+  int node_timeout_ms = 5000;
+  size_t max_function_body_mib = o.max_function_body_bytes >> 20;
+  app.add_option("--max-function-body-mib", max_function_body_mib,
+                 "Largest function request body, MiB")
+      ->capture_default_str();
+  app.add_option("--upstream-timeout", upstream_timeout_s,
+                 "Seconds a function call may take")
+      ->capture_default_str();
+  app.add_option("--node-timeout-ms", node_timeout_ms,
+                 "Drop an invoker silent for this long")
+      ->capture_default_str();
   app.add_option("--read-timeout", read_timeout_s,
                  "Seconds to receive a request")
       ->capture_default_str();
@@ -43,6 +56,9 @@ int main(int argc, char** argv) {
   o.auth = !no_auth;
   o.max_system_body_bytes = max_body_mib << 20;
   o.read_timeout = std::chrono::seconds(read_timeout_s);
+  o.max_function_body_bytes = max_function_body_mib << 20;
+  o.upstream_timeout = std::chrono::seconds(upstream_timeout_s);
+  o.node_timeout = std::chrono::milliseconds(node_timeout_ms);
   o.write_timeout = std::chrono::seconds(write_timeout_s);
 
   // Block the stop signals before any thread starts so only the waiter below
@@ -72,6 +88,7 @@ int main(int argc, char** argv) {
     std::cout << "basic auth disabled (--no-auth)\n";
   }
   std::cout << "metrics on " << (*gw)->metrics_address() << "\n";
+  std::cout << "invokers connect to " << (*gw)->grpc_address() << "\n";
   std::cout << "listening on " << (*gw)->listen_address() << std::endl;
 
   std::thread waiter([&] {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "proclets/bundle.h"
 #include "silt/version.h"
 
 namespace silt::gateway {
@@ -142,10 +143,16 @@ absl::Status ValidateName(absl::string_view kind, absl::string_view name) {
       "letter or digit, at most 63 characters"));
 }
 
-Api::Api(store::Store* store, Metrics* metrics, ApiOptions options)
-    : store_(store), metrics_(metrics), options_(std::move(options)) {}
+Api::Api(store::Store* store, Metrics* metrics, BundleStore* bundles,
+         NodeRegistry* nodes, ApiOptions options)
+    : store_(store),
+      metrics_(metrics),
+      bundles_(bundles),
+      nodes_(nodes),
+      options_(std::move(options)) {}
 
 size_t Api::BodyLimit(absl::string_view path) const {
+  if (path == "/system/bundles") return options_.max_bundle_bytes;
   if (absl::StartsWith(path, "/function/") ||
       absl::StartsWith(path, "/async-function/")) {
     return options_.max_function_body_bytes;
@@ -153,20 +160,25 @@ size_t Api::BodyLimit(absl::string_view path) const {
   return options_.max_system_body_bytes;
 }
 
-HttpResponse Api::Handle(const HttpRequest& req) {
+void Api::Handle(const HttpRequest& req, Reply reply) {
   auto start = std::chrono::steady_clock::now();
-  std::string route = "other";
-  absl::StatusOr<HttpResponse> res = Route(req, route);
-  HttpResponse out = res.ok() ? *std::move(res) : ErrorResponse(res.status());
-  double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  metrics_->HttpRequest(req.method, route, out.status, secs);
-  return out;
+  auto route = std::make_shared<std::string>("other");
+  Reply timed = [this, start, method = req.method, route,
+                 reply = std::move(reply)](HttpResponse res) mutable {
+    double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    metrics_->HttpRequest(method, *route, res.status, secs);
+    reply(std::move(res));
+  };
+  auto res = Route(req, *route, timed);
+  if (!res.ok()) return timed(ErrorResponse(res.status()));
+  if (*res) return timed(**std::move(res));
 }
 
-absl::StatusOr<HttpResponse> Api::Route(const HttpRequest& req,
-                                        std::string& route) {
+absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
+                                                       std::string& route,
+                                                       Reply& reply) {
   absl::string_view path = req.path;
   const std::string& m = req.method;
 
@@ -183,7 +195,7 @@ absl::StatusOr<HttpResponse> Api::Route(const HttpRequest& req,
     absl::string_view name = rest.substr(0, rest.find('/'));
     if (!IsRouteName(name) && !absl::StartsWith(name, "."))
       return PageNotFound();
-    return Invoke(req, async, name);
+    return Invoke(req, async, name, reply);
   }
   if (!absl::StartsWith(path, "/system/")) {
     if (path == "/") {
@@ -266,6 +278,19 @@ absl::StatusOr<HttpResponse> Api::Route(const HttpRequest& req,
     if (m == "GET") return Logs(req);
     return MethodNotAllowed();
   }
+  if (head == "bundles" && !has_arg) {
+    route = "/system/bundles";
+    SILT_AUTH();
+    if (m == "POST") return PushBundle(req);
+    if (m == "GET") return ListBundles();
+    return MethodNotAllowed();
+  }
+  if (head == "nodes" && !has_arg) {
+    route = "/system/nodes";
+    SILT_AUTH();
+    if (m == "GET") return ListNodes();
+    return MethodNotAllowed();
+  }
   if (head == "alert" && !has_arg) {
     route = "/system/alert";
     SILT_AUTH();
@@ -318,7 +343,7 @@ ordered_json Api::StatusJson(const store::FunctionRecord& rec,
   extra.invocation_count =
       metrics_->InvocationCount(absl::StrCat(rec.name, ".", rec.ns));
   extra.replicas = rec.replicas;
-  extra.available_replicas = 0;  // no instances run until invokers exist
+  extra.available_replicas = nodes_->AvailableReplicas(rec.ns, rec.name);
   extra.created_at_unix_nanos = rec.created_at_unix_nanos;
   return ToStatusJson(d, extra);
 }
@@ -352,6 +377,20 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
   if (auto s = ValidateName("function", d->service); !s.ok()) return s;
   if (absl::StripAsciiWhitespace(d->image).empty())
     return absl::InvalidArgumentError("image is required");
+  if (auto digest = proclets::BundleDigestOf(d->image); !digest.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "image \"", d->image,
+        "\" is not a Silt bundle: build and push it with `silt up` (or `silt build` "
+        "and `silt push`) and deploy NAME@sha256:<digest>; OCI images are not "
+        "supported yet"));
+  } else if (auto b = bundles_->Get(*digest); !b.ok()) {
+    if (absl::IsNotFound(b.status())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "image \"", d->image, "\": bundle ", *digest,
+          " is not in this gateway's bundle store: push it first (silt push)"));
+    }
+    return b.status();
+  }
   auto ns = ResolveNamespace(d->ns, req);
   if (!ns.ok()) return ns.status();
   d->ns = *ns;
@@ -403,6 +442,7 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
   store::WriteBatch batch;
   batch.PutFunction(rec);
   if (auto s = store_->Write(batch); !s.ok()) return s;
+  nodes_->FunctionsChanged();
   return HttpResponse::Empty(200);
 }
 
@@ -428,6 +468,7 @@ absl::StatusOr<HttpResponse> Api::DeleteFunction(const HttpRequest& req) {
   store::WriteBatch batch;
   batch.DeleteFunction(*ns, name);
   if (auto s = store_->Write(batch); !s.ok()) return s;
+  nodes_->FunctionsChanged();
   return HttpResponse::Empty(200);
 }
 
@@ -484,6 +525,7 @@ absl::StatusOr<HttpResponse> Api::ScaleFunction(const HttpRequest& req,
   store::WriteBatch batch;
   batch.PutFunction(*rec);
   if (auto s = store_->Write(batch); !s.ok()) return s;
+  nodes_->FunctionsChanged();
   return HttpResponse::Empty(200);
 }
 
@@ -564,6 +606,8 @@ absl::StatusOr<HttpResponse> Api::Namespace(const HttpRequest& req,
     store::WriteBatch batch;
     batch.PutNamespace({n->name, n->labels, n->annotations});
     if (auto s = store_->Write(batch); !s.ok()) return s;
+    nodes_->FunctionsChanged();
+  nodes_->FunctionsChanged();
     return HttpResponse::Empty(m == "POST" ? 201 : 202);
   }
   if (m == "DELETE") {
@@ -594,6 +638,8 @@ absl::StatusOr<HttpResponse> Api::Namespace(const HttpRequest& req,
     store::WriteBatch batch;
     batch.DeleteNamespace(name);
     if (auto s = store_->Write(batch); !s.ok()) return s;
+    nodes_->FunctionsChanged();
+  nodes_->FunctionsChanged();
     return HttpResponse::Empty(202);
   }
   return MethodNotAllowed();
@@ -641,6 +687,7 @@ absl::StatusOr<HttpResponse> Api::WriteSecret(const HttpRequest& req,
   store::WriteBatch batch;
   batch.PutSecret({*ns, secret->name, secret->value});
   if (auto s = store_->Write(batch); !s.ok()) return s;
+  nodes_->FunctionsChanged();
   return HttpResponse::Empty(update ? 200 : 201);
 }
 
@@ -660,6 +707,7 @@ absl::StatusOr<HttpResponse> Api::DeleteSecret(const HttpRequest& req) {
   store::WriteBatch batch;
   batch.DeleteSecret(*ns, secret->name);
   if (auto s = store_->Write(batch); !s.ok()) return s;
+  nodes_->FunctionsChanged();
   return HttpResponse::Empty(200);
 }
 
@@ -671,8 +719,9 @@ absl::StatusOr<HttpResponse> Api::Logs(const HttpRequest& req) {
   std::string since = req.QueryParam("since");
   std::string follow = req.QueryParam("follow");
   int64_t tail_n = 0;
-  if ((!tail.empty() && !absl::SimpleAtoi(tail, &tail_n)) ||
-      (!since.empty() && !ParseRfc3339(since).ok()) ||
+  absl::StatusOr<int64_t> since_ns = int64_t{0};
+  if (!since.empty()) since_ns = ParseRfc3339(since);
+  if ((!tail.empty() && !absl::SimpleAtoi(tail, &tail_n)) || !since_ns.ok() ||
       (!follow.empty() && follow != "true" && follow != "false" &&
        follow != "1" && follow != "0")) {
     return HttpResponse::Text(422, "could not parse the log request");
@@ -683,16 +732,50 @@ absl::StatusOr<HttpResponse> Api::Logs(const HttpRequest& req) {
   if (!ns.ok()) return ns.status();
   auto rec = store_->GetFunction(*ns, name);
   if (!rec.ok()) return rec.status();
-  // No instance has run yet, so there are no lines to send.
+  bool follow_on = follow == "true" || follow == "1";
   HttpResponse r;
   r.status = 200;
   r.headers = {{"Content-Type", "application/x-ndjson"},
                {"Connection", "Keep-Alive"}};
+  NodeRegistry* nodes = nodes_;
+  std::string fn_ns = *ns;
+  int64_t from = *since_ns;
+  auto until = std::chrono::steady_clock::now() + options_.upstream_timeout;
+  r.stream = [nodes, name, fn_ns, from, tail_n, follow_on,
+              until](const std::function<bool(absl::string_view)>& write) {
+    bool open = true;
+    nodes->Logs(
+        fn_ns, name, from, tail_n, follow_on,
+        [&](const LogRecord& l) {
+          ordered_json j = {{"name", l.name},
+                            {"namespace", l.ns},
+                            {"instance", l.instance},
+                            {"timestamp", FormatRfc3339Nano(l.timestamp_unix_nanos)},
+                            {"text", l.text}};
+          open = write(j.dump() + "\n");
+          return open;
+        },
+        [&] { return !open || std::chrono::steady_clock::now() > until; });
+  };
   return r;
 }
 
-absl::StatusOr<HttpResponse> Api::Invoke(const HttpRequest& req, bool async,
-                                         absl::string_view name_and_ns) {
+namespace {
+
+bool IsHopByHop(absl::string_view h) {
+  for (absl::string_view x : {"Connection", "Keep-Alive", "Proxy-Authenticate",
+                              "Proxy-Authorization", "Proxy-Connection", "Te",
+                              "Trailer", "Transfer-Encoding", "Upgrade"}) {
+    if (absl::EqualsIgnoreCase(h, x)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
+    const HttpRequest& req, bool async, absl::string_view name_and_ns,
+    Reply& reply) {
   static constexpr absl::string_view kMethods[] = {
       "GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"};
   bool allowed = async ? req.method == "POST"
@@ -709,39 +792,150 @@ absl::StatusOr<HttpResponse> Api::Invoke(const HttpRequest& req, bool async,
   std::string call_id(req.Header("X-Call-Id"));
   bool echo_call_id = call_id.empty();
   if (echo_call_id) call_id = NewCallId();
+  std::string start_time = std::to_string(NowNanos());
   std::string fn = absl::StrCat(name, ".", ns);
-  auto start = std::chrono::steady_clock::now();
+  auto decorate = [echo_call_id, call_id, start_time](HttpResponse& res) {
+    if (echo_call_id) res.SetHeader("X-Call-Id", call_id);
+    res.SetHeader("X-Start-Time", start_time);
+    res.SetHeader("X-Served-By", absl::StrCat("silt/", silt::kVersion));
+  };
 
-  HttpResponse res;
   bool exists = !name.empty() && CheckNamespace(ns).ok() &&
                 store_->GetFunction(ns, name).ok();
   if (!exists) {
-    res = HttpResponse::Text(
-        404, absl::StrCat(
-                 "error finding function ", fn,
-                 ": server returned non-200 status code (404) for function, ",
-                 name, ", body: "));
-  } else if (async) {
-    res = HttpResponse::Text(501,
-                             "asynchronous invocation is not available yet: "
-                             "call /function/ instead");
-  } else {
-    // Instances come with the invoker; until one registers, nothing can serve
-    // the call.
-    res = HttpResponse::Text(
-        503, absl::StrCat("No endpoints available for: ", name, "."));
-    res.SetHeader("X-OpenFaaS-Internal", "proxy");
+    HttpResponse res = HttpResponse::Text(
+        404, absl::StrCat("error finding function ", fn,
+                          ": server returned non-200 status code (404) for "
+                          "function, ",
+                          name, ", body: "));
+    decorate(res);
+    return res;
   }
-  if (exists) {
-    metrics_->InvocationStarted(fn);
-    metrics_->InvocationDone(
-        fn, res.status,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count());
+  if (async) {
+    HttpResponse res = HttpResponse::Text(
+        501,
+        "asynchronous invocation is not available yet: call /function/ "
+        "instead");
+    decorate(res);
+    return res;
   }
-  if (echo_call_id) res.SetHeader("X-Call-Id", call_id);
-  res.SetHeader("X-Start-Time", std::to_string(NowNanos()));
-  return res;
+
+  InvokeCall call;
+  call.ns = ns;
+  call.name = name;
+  call.call_id = call_id;
+  call.method = req.method;
+  absl::string_view rest = absl::string_view(req.path).substr(10);  // "/function/"
+  size_t slash = rest.find('/');
+  call.path = slash == absl::string_view::npos ? "/" : std::string(rest.substr(slash));
+  call.query = req.query;
+  for (const auto& [k, v] : req.headers) {
+    if (!IsHopByHop(k)) call.headers.emplace_back(k, v);
+  }
+  if (echo_call_id) call.headers.emplace_back("X-Call-Id", call_id);
+  call.headers.emplace_back("X-Start-Time", start_time);
+  if (!req.HasHeader("X-Forwarded-Host") && req.HasHeader("Host"))
+    call.headers.emplace_back("X-Forwarded-Host", std::string(req.Header("Host")));
+  if (!req.HasHeader("X-Forwarded-For"))
+    call.headers.emplace_back("X-Forwarded-For", req.remote);
+  call.body = req.body;
+  call.timeout = options_.upstream_timeout;
+  std::string request_ct(req.Header("Content-Type"));
+
+  metrics_->InvocationStarted(fn);
+  auto start = std::chrono::steady_clock::now();
+  nodes_->Invoke(
+      std::move(call),
+      [this, reply = std::move(reply), decorate, fn, name, request_ct,
+       start](absl::StatusOr<InvokeResult> r) mutable {
+        HttpResponse res;
+        if (r.ok()) {
+          res.status = r->status;
+          std::string ct;
+          for (auto& [k, v] : r->headers) {
+            if (IsHopByHop(k) || absl::EqualsIgnoreCase(k, "Content-Length"))
+              continue;
+            if (absl::EqualsIgnoreCase(k, "Content-Type")) ct = v;
+            res.headers.emplace_back(std::move(k), std::move(v));
+          }
+          if (ct.empty()) {
+            res.SetHeader("Content-Type",
+                          request_ct.empty() ? "text/plain" : request_ct);
+          }
+          res.body = std::move(r->body);
+          res.SetHeader("X-Silt-Start", r->start_tier);
+          res.SetHeader("X-Silt-Start-Ms", absl::StrFormat("%.3f", r->start_ms));
+        } else if (absl::IsNotFound(r.status())) {
+          res = HttpResponse::Text(
+              404, absl::StrCat("error finding function ", fn,
+                                ": server returned non-200 status code (404) "
+                                "for function, ",
+                                name, ", body: "));
+        } else if (absl::IsUnavailable(r.status())) {
+          res = HttpResponse::Text(
+              503, absl::StrCat("No endpoints available for: ", name, "."));
+          res.SetHeader("X-OpenFaaS-Internal", "proxy");
+        } else if (absl::IsDeadlineExceeded(r.status())) {
+          res = HttpResponse::Text(504, r.status().message());
+        } else if (absl::IsResourceExhausted(r.status())) {
+          res = HttpResponse::Text(429, r.status().message());
+        } else {
+          res = HttpResponse::Text(502, absl::StrCat("function ", name, ": ",
+                                                     r.status().message()));
+          res.SetHeader("X-OpenFaaS-Internal", "proxy");
+        }
+        decorate(res);
+        metrics_->InvocationDone(
+            fn, res.status,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                          start)
+                .count());
+        reply(std::move(res));
+      });
+  return std::optional<HttpResponse>();
+}
+
+absl::StatusOr<HttpResponse> Api::PushBundle(const HttpRequest& req) {
+  if (req.body.empty())
+    return absl::InvalidArgumentError("expected a bundle in the body");
+  std::string expected = req.QueryParam("digest");
+  if (!expected.empty() && !proclets::IsDigest(expected)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("digest \"", expected, "\" must be sha256:<64 hex>"));
+  }
+  auto put = bundles_->Put(req.body, expected);
+  if (!put.ok()) return put.status();
+  ordered_json out = {{"digest", put->first.digest},
+                      {"size", put->first.size},
+                      {"kind", put->first.manifest.kind},
+                      {"created", put->second}};
+  return HttpResponse::Json(put->second ? 201 : 200, out.dump());
+}
+
+absl::StatusOr<HttpResponse> Api::ListBundles() {
+  auto list = bundles_->List();
+  if (!list.ok()) return list.status();
+  ordered_json out = ordered_json::array();
+  for (const auto& b : *list) {
+    out.push_back({{"digest", b.digest},
+                   {"size", b.size},
+                   {"kind", b.manifest.kind},
+                   {"name", b.manifest.name}});
+  }
+  return HttpResponse::Json(200, out.dump());
+}
+
+absl::StatusOr<HttpResponse> Api::ListNodes() {
+  ordered_json out = ordered_json::array();
+  for (const auto& n : nodes_->Nodes()) {
+    out.push_back({{"name", n.name},
+                   {"address", n.address},
+                   {"cores", n.cores},
+                   {"memoryBytes", n.memory_bytes},
+                   {"memoryUsedBytes", n.memory_used_bytes},
+                   {"instances", n.instances}});
+  }
+  return HttpResponse::Json(200, out.dump());
 }
 
 // ---- metrics port ----

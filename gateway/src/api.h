@@ -4,7 +4,9 @@
 #ifndef SILT_GATEWAY_API_H_
 #define SILT_GATEWAY_API_H_
 
+#include <chrono>
 #include <cstddef>
+#include <optional>
 #include <mutex>
 #include <string>
 
@@ -12,8 +14,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "auth.h"
+#include "bundles.h"
 #include "http_types.h"
 #include "metrics.h"
+#include "nodes.h"
 #include "openfaas_types.h"
 #include "store/store.h"
 
@@ -26,6 +30,9 @@ struct ApiOptions {
   Credentials credentials;
   size_t max_system_body_bytes = 10 << 20;
   size_t max_function_body_bytes = 32 << 20;
+  size_t max_bundle_bytes = 256 << 20;
+  // Longest a function call may take end to end (exec_timeout shortens it per function).
+  std::chrono::milliseconds upstream_timeout{std::chrono::seconds(60)};
 };
 
 // The one place a Status becomes an HTTP answer.
@@ -38,17 +45,20 @@ absl::Status ValidateName(absl::string_view kind, absl::string_view name);
 
 class Api {
  public:
-  Api(store::Store* store, Metrics* metrics, ApiOptions options);
+  Api(store::Store* store, Metrics* metrics, BundleStore* bundles, NodeRegistry* nodes,
+      ApiOptions options);
 
-  // The main port (:8080).
-  HttpResponse Handle(const HttpRequest& req);
+  // The main port (:8080). `reply` may run later, on another thread (function calls).
+  void Handle(const HttpRequest& req, Reply reply);
   // The metrics port (:8082): /metrics and /healthz.
   HttpResponse HandleMetricsPort(const HttpRequest& req);
   size_t BodyLimit(absl::string_view path) const;
 
  private:
-  absl::StatusOr<HttpResponse> Route(const HttpRequest& req,
-                                     std::string& route);
+  // Answers now (a response) or takes over `reply` (nullopt).
+  absl::StatusOr<std::optional<HttpResponse>> Route(const HttpRequest& req,
+                                                    std::string& route,
+                                                    Reply& reply);
 
   absl::StatusOr<HttpResponse> ListFunctions(const HttpRequest& req);
   absl::StatusOr<HttpResponse> DeployFunction(const HttpRequest& req,
@@ -66,8 +76,12 @@ class Api {
   absl::StatusOr<HttpResponse> WriteSecret(const HttpRequest& req, bool update);
   absl::StatusOr<HttpResponse> DeleteSecret(const HttpRequest& req);
   absl::StatusOr<HttpResponse> Logs(const HttpRequest& req);
-  absl::StatusOr<HttpResponse> Invoke(const HttpRequest& req, bool async,
-                                      absl::string_view name_and_ns);
+  absl::StatusOr<std::optional<HttpResponse>> Invoke(const HttpRequest& req, bool async,
+                                                     absl::string_view name_and_ns,
+                                                     Reply& reply);
+  absl::StatusOr<HttpResponse> PushBundle(const HttpRequest& req);
+  absl::StatusOr<HttpResponse> ListBundles();
+  absl::StatusOr<HttpResponse> ListNodes();
 
   // Namespace from the body value, else the ?namespace= query, else the
   // default; it must exist and carry the openfaas=1 label.
@@ -81,6 +95,8 @@ class Api {
 
   store::Store* store_;
   Metrics* metrics_;
+  BundleStore* bundles_;
+  NodeRegistry* nodes_;
   ApiOptions options_;
   // Serialises read-check-write sequences (deploy, update, scale, namespace
   // removal).

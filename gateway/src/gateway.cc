@@ -20,10 +20,14 @@ struct Gateway::Impl {
   Options options;
   std::unique_ptr<store::Store> store;
   Metrics metrics;
+  std::unique_ptr<BundleStore> bundles;
   std::unique_ptr<Api> api;
   Credentials credentials;
 
   boost::asio::io_context ioc;
+  // Destroyed before the io_context: it cancels and drains in-flight function calls,
+  // whose replies are queued onto the (stopped) io_context.
+  std::unique_ptr<NodeRegistry> nodes;
   std::unique_ptr<HttpServer> server;
   std::unique_ptr<HttpServer> metrics_server;
   std::vector<std::thread> threads;
@@ -70,7 +74,16 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
     impl->credentials = *creds;
     api_options.credentials = *std::move(creds);
   }
+  api_options.upstream_timeout = options.upstream_timeout;
+  impl->bundles = std::make_unique<BundleStore>(impl->store.get(),
+                                                options.data_dir + "/bundles");
+  auto nodes = NodeRegistry::Start(
+      {.listen = options.grpc_listen, .node_timeout = options.node_timeout},
+      impl->store.get(), impl->bundles.get());
+  if (!nodes.ok()) return nodes.status();
+  impl->nodes = *std::move(nodes);
   impl->api = std::make_unique<Api>(impl->store.get(), &impl->metrics,
+                                    impl->bundles.get(), impl->nodes.get(),
                                     std::move(api_options));
 
   Api* api = impl->api.get();
@@ -83,7 +96,9 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   http.write_timeout = options.write_timeout;
   auto server = HttpServer::Listen(
       impl->ioc, options.listen, http,
-      [api](HttpRequest req, Reply reply) { reply(api->Handle(req)); });
+      [api](HttpRequest req, Reply reply) {
+        api->Handle(req, std::move(reply));
+      });
   if (!server.ok()) return server.status();
   impl->server = *std::move(server);
 
@@ -115,6 +130,7 @@ std::string Gateway::listen_address() const {
 std::string Gateway::metrics_address() const {
   return FormatEndpoint(impl_->metrics_server->local_endpoint());
 }
+std::string Gateway::grpc_address() const { return impl_->nodes->address(); }
 std::string Gateway::password_file() const {
   return impl_->credentials.password_file;
 }

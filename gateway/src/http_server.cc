@@ -5,6 +5,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -153,6 +154,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Write(HttpResponse res, bool keep_alive) {
+    if (res.stream) return Stream(std::move(res));
     auto msg = std::make_shared<http::response<http::string_body>>();
     msg->version(version_);
     msg->result(static_cast<unsigned>(res.status));
@@ -171,6 +173,35 @@ class Session : public std::enable_shared_from_this<Session> {
                         self->head_ = false;
                         self->ReadHeader();
                       });
+  }
+
+  // Sends the head, then the chunks `res.stream` produces on its own thread (it may block
+  // for long, e.g. following logs), then closes the connection.
+  void Stream(HttpResponse res) {
+    http::response<http::empty_body> head;
+    head.version(version_);
+    head.result(static_cast<unsigned>(res.status));
+    for (auto& [k, v] : res.headers) head.insert(k, v);
+    head.chunked(true);
+    head.keep_alive(false);
+    stream_.expires_never();
+    std::thread([self = shared_from_this(), head = std::move(head),
+                 produce = std::move(res.stream)]() mutable {
+      beast::error_code ec;
+      http::response_serializer<http::empty_body> sr{head};
+      http::write_header(self->stream_, sr, ec);
+      if (!ec) {
+        produce([&](absl::string_view chunk) {
+          if (ec) return false;
+          if (chunk.empty()) return true;
+          asio::write(self->stream_, http::make_chunk(asio::buffer(chunk.data(), chunk.size())),
+                      ec);
+          return !ec;
+        });
+      }
+      if (!ec) asio::write(self->stream_, http::make_chunk_last(), ec);
+      asio::post(self->stream_.get_executor(), [self] { self->Close(); });
+    }).detach();
   }
 
   // Half-closes, then reads and discards what the client still sends (the rest

@@ -16,6 +16,7 @@ namespace silt::gateway {
 struct Options {
   std::string listen = "127.0.0.1:8080";
   std::string metrics_listen = ":8082";
+  std::string grpc_listen = "127.0.0.1:8081";  // where invokers connect
   std::string data_dir;
   bool auth = true;
   int threads = 0;  // 0 = one per core, at least 2
@@ -23,6 +24,10 @@ struct Options {
   size_t max_function_body_bytes = 32 << 20;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
   std::chrono::milliseconds write_timeout{std::chrono::seconds(60)};
+  // Longest a function call may take (exec_timeout shortens it per function).
+  std::chrono::milliseconds upstream_timeout{std::chrono::seconds(60)};
+  // An invoker silent for this long is dropped; its replicas move to the others.
+  std::chrono::milliseconds node_timeout{std::chrono::seconds(5)};
 };
 
 class Gateway {
@@ -35,6 +40,7 @@ class Gateway {
   // The bound addresses as ADDR:PORT (the real port when 0 was asked for).
   std::string listen_address() const;
   std::string metrics_address() const;
+  std::string grpc_address() const;
   // The file holding the basic-auth password, empty with auth off.
   std::string password_file() const;
   bool credentials_generated() const;

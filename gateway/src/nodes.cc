@@ -1,0 +1,574 @@
+#include "nodes.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "invoker/proto/invoker.grpc.pb.h"
+#include "openfaas_types.h"
+
+namespace silt::gateway {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace v1 = silt::invoker::v1;
+
+std::string Key(const std::string& ns, const std::string& name) { return ns + "/" + name; }
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+absl::StatusOr<double> ParseQuantity(absl::string_view q, bool cpu) {
+  q = absl::StripAsciiWhitespace(q);
+  static const std::pair<const char*, double> kSuffixes[] = {
+      {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
+      {"Pi", 1125899906842624.0}, {"Ei", 1152921504606846976.0}, {"k", 1e3}, {"M", 1e6},
+      {"G", 1e9}, {"T", 1e12}, {"P", 1e15}, {"E", 1e18}, {"m", 1e-3}};
+  double mult = 1;
+  for (const auto& [suffix, m] : kSuffixes) {
+    if (absl::EndsWith(q, suffix)) {
+      q.remove_suffix(strlen(suffix));
+      mult = m;
+      break;
+    }
+  }
+  double v = 0;
+  if (q.empty() || !absl::SimpleAtod(q, &v) || v < 0 || !std::isfinite(v))
+    return absl::InvalidArgumentError(absl::StrCat("bad quantity \"", q, "\""));
+  (void)cpu;
+  return v * mult;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ParseMemoryQuantity(absl::string_view q) {
+  auto v = ParseQuantity(q, false);
+  if (!v.ok()) return v.status();
+  return static_cast<uint64_t>(std::llround(*v));
+}
+
+absl::StatusOr<uint64_t> ParseCpuMillis(absl::string_view q) {
+  auto v = ParseQuantity(q, true);
+  if (!v.ok()) return v.status();
+  return static_cast<uint64_t>(std::llround(*v * 1000));
+}
+
+struct NodeRegistry::Impl final : public v1::Control::Service {
+  struct Fn {
+    v1::FunctionSpec spec;
+    uint64_t replicas = 0;
+  };
+  struct Node {
+    std::string name, address;
+    uint64_t session = 0;
+    uint32_t cores = 0;
+    uint64_t memory = 0, memory_used = 0;
+    grpc::ServerContext* ctx = nullptr;
+    grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream = nullptr;
+    std::mutex write_mu;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Invoker::Stub> stub;
+    Clock::time_point last_seen;
+    std::map<std::string, v1::InstanceCount> counts;  // by ns/name
+    std::map<std::string, int> inflight;              // by ns/name
+  };
+
+  NodeRegistryOptions options;
+  store::Store* store;
+  BundleStore* bundles;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<Node>> nodes;  // by name
+  std::map<std::string, std::shared_ptr<const Fn>> fns;  // cache by ns/name
+  bool fns_valid = false;
+  uint64_t next_session = 1;
+  uint64_t rr = 0;
+
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stopping = false;
+  std::thread liveness;
+  // Function calls in flight to invokers; drained by the destructor.
+  std::set<grpc::ClientContext*> active;
+  std::condition_variable active_cv;
+
+  ~Impl() override {
+    {
+      std::lock_guard<std::mutex> l(stop_mu);
+      stopping = true;
+    }
+    stop_cv.notify_all();
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (auto& [n, node] : nodes)
+        if (node->ctx) node->ctx->TryCancel();
+    }
+    if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    if (liveness.joinable()) liveness.join();
+    std::unique_lock<std::mutex> l(mu);
+    for (auto* c : active) c->TryCancel();
+    active_cv.wait(l, [&] { return active.empty(); });
+  }
+
+  // ---- function specs ----
+
+  absl::StatusOr<std::shared_ptr<const Fn>> BuildFn(const store::FunctionRecord& rec) {
+    auto d = ParseFunctionDeployment(rec.spec);
+    if (!d.ok()) return d.status();
+    auto fn = std::make_shared<Fn>();
+    fn->replicas = rec.replicas;
+    v1::FunctionSpec& s = fn->spec;
+    s.set_name(rec.name);
+    s.set_namespace_(rec.ns);
+    s.set_generation(rec.generation);
+    s.set_image(d->image);
+    auto digest = proclets::BundleDigestOf(d->image);
+    if (digest.ok()) s.set_bundle_digest(*digest);
+    s.set_env_process(d->env_process);
+    for (const auto& [k, v] : d->env_vars) (*s.mutable_env())[k] = v;
+    if (d->labels)
+      for (const auto& [k, v] : *d->labels) (*s.mutable_labels())[k] = v;
+    for (const auto& name : d->secrets) {
+      auto secret = store->GetSecret(rec.ns, name);
+      if (secret.ok()) (*s.mutable_secrets())[name] = secret->value;
+    }
+    if (d->limits && !d->limits->memory.empty())
+      if (auto m = ParseMemoryQuantity(d->limits->memory); m.ok()) s.set_memory_limit_bytes(*m);
+    if (d->limits && !d->limits->cpu.empty())
+      if (auto c = ParseCpuMillis(d->limits->cpu); c.ok()) s.set_cpu_millis(*c);
+    return std::shared_ptr<const Fn>(std::move(fn));
+  }
+
+  // Caller holds mu.
+  absl::Status LoadFnsLocked() {
+    if (fns_valid) return absl::OkStatus();
+    auto recs = store->ListFunctions("");
+    if (!recs.ok()) return recs.status();
+    fns.clear();
+    for (const auto& rec : *recs) {
+      auto fn = BuildFn(rec);
+      if (fn.ok()) fns[Key(rec.ns, rec.name)] = *fn;
+    }
+    fns_valid = true;
+    return absl::OkStatus();
+  }
+
+  // Caller holds mu. Replicas spread over the nodes in name order.
+  v1::Assignment AssignmentLocked(const std::string& node_name) {
+    v1::Assignment a;
+    std::vector<std::string> names;
+    for (const auto& [n, node] : nodes) names.push_back(n);
+    size_t index = std::find(names.begin(), names.end(), node_name) - names.begin();
+    size_t count = names.size();
+    for (const auto& [key, fn] : fns) {
+      if (fn->spec.bundle_digest().empty()) continue;
+      v1::FunctionSpec* s = a.add_functions();
+      *s = fn->spec;
+      uint64_t share = count == 0 ? 0 : fn->replicas / count + (index < fn->replicas % count ? 1 : 0);
+      s->set_min_instances(static_cast<uint32_t>(share));
+    }
+    return a;
+  }
+
+  void SendAssignments() {
+    std::vector<std::pair<std::shared_ptr<Node>, v1::GatewayMessage>> out;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      LoadFnsLocked().IgnoreError();  // a store error leaves the last assignment in place
+      for (const auto& [n, node] : nodes) {
+        v1::GatewayMessage m;
+        *m.mutable_assignment() = AssignmentLocked(n);
+        out.emplace_back(node, std::move(m));
+      }
+    }
+    for (auto& [node, m] : out) {
+      std::lock_guard<std::mutex> w(node->write_mu);
+      if (node->stream) node->stream->Write(m);
+    }
+  }
+
+  // ---- Control service ----
+
+  grpc::Status Connect(grpc::ServerContext* ctx,
+                       grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream) override {
+    v1::NodeMessage first;
+    if (!stream->Read(&first) || !first.has_register_())
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "first message must be register");
+    const auto& reg = first.register_();
+    if (reg.node_name().empty() || reg.address().empty())
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "node name and address required");
+    auto node = std::make_shared<Node>();
+    node->name = reg.node_name();
+    node->address = reg.address();
+    node->cores = reg.capacity().cores();
+    node->memory = reg.capacity().memory_bytes();
+    node->ctx = ctx;
+    node->stream = stream;
+    node->last_seen = Clock::now();
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(256 << 20);
+    args.SetMaxSendMessageSize(256 << 20);
+    node->channel = grpc::CreateCustomChannel(node->address, grpc::InsecureChannelCredentials(), args);
+    node->stub = v1::Invoker::NewStub(node->channel);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      node->session = next_session++;
+      if (auto it = nodes.find(node->name); it != nodes.end() && it->second->ctx)
+        it->second->ctx->TryCancel();  // a restarted invoker replaces its old session
+      nodes[node->name] = node;
+    }
+    SendAssignments();
+    v1::NodeMessage m;
+    while (stream->Read(&m)) {
+      if (!m.has_report()) continue;
+      std::lock_guard<std::mutex> l(mu);
+      node->last_seen = Clock::now();
+      node->memory_used = m.report().used().memory_bytes();
+      node->counts.clear();
+      for (const auto& c : m.report().instances()) node->counts[Key(c.namespace_(), c.name())] = c;
+    }
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto it = nodes.find(node->name);
+      if (it != nodes.end() && it->second->session == node->session) nodes.erase(it);
+    }
+    {
+      std::lock_guard<std::mutex> w(node->write_mu);
+      node->stream = nullptr;
+    }
+    SendAssignments();  // its replicas move to the remaining nodes
+    return grpc::Status::OK;
+  }
+
+  grpc::Status FetchBundle(grpc::ServerContext*, const v1::FetchBundleRequest* req,
+                           grpc::ServerWriter<v1::BundleChunk>* writer) override {
+    auto info = bundles->Get(req->digest());
+    if (!info.ok()) return grpc::Status(grpc::StatusCode::NOT_FOUND, std::string(info.status().message()));
+    std::ifstream in(bundles->PathOf(req->digest()), std::ios::binary);
+    if (!in) return grpc::Status(grpc::StatusCode::DATA_LOSS, "bundle file missing on the gateway");
+    std::string buf(1 << 20, '\0');
+    while (in) {
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      std::streamsize n = in.gcount();
+      if (n <= 0) break;
+      v1::BundleChunk chunk;
+      chunk.set_data(buf.data(), static_cast<size_t>(n));
+      if (!writer->Write(chunk)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+  void LivenessLoop() {
+    while (true) {
+      {
+        std::unique_lock<std::mutex> l(stop_mu);
+        if (stop_cv.wait_for(l, std::chrono::milliseconds(100), [&] { return stopping; })) return;
+      }
+      std::lock_guard<std::mutex> l(mu);
+      auto now = Clock::now();
+      for (auto& [n, node] : nodes) {
+        if (now - node->last_seen > options.node_timeout && node->ctx) node->ctx->TryCancel();
+      }
+    }
+  }
+
+  // ---- invoke ----
+
+  struct Call {
+    InvokeCall call;
+    std::function<void(absl::StatusOr<InvokeResult>)> done;
+    std::shared_ptr<const Fn> fn;
+    std::shared_ptr<Node> node;
+    grpc::ClientContext ctx;
+    v1::InvokeRequest req;
+    v1::InvokeResponse res;
+    std::vector<std::string> tried;
+  };
+
+  // Caller holds mu. The node with the most idle instances of this function, then the
+  // fewest calls of it in flight, then round robin.
+  std::shared_ptr<Node> PickLocked(const std::string& key, uint64_t generation,
+                                   const std::vector<std::string>& exclude) {
+    std::shared_ptr<Node> best;
+    long best_idle = 0;
+    int best_inflight = 0;
+    size_t i = 0, n = nodes.size();
+    std::vector<std::shared_ptr<Node>> order;
+    for (auto& [name, node] : nodes) order.push_back(node);
+    ++rr;
+    for (i = 0; i < n; ++i) {
+      auto& node = order[(i + rr) % n];
+      if (std::find(exclude.begin(), exclude.end(), node->name) != exclude.end()) continue;
+      long ready = 0;
+      if (auto it = node->counts.find(key); it != node->counts.end() && it->second.generation() == generation)
+        ready = it->second.ready();
+      int inflight = node->inflight[key];
+      long idle = ready - inflight;
+      if (!best || idle > best_idle || (idle == best_idle && inflight < best_inflight)) {
+        best = node;
+        best_idle = idle;
+        best_inflight = inflight;
+      }
+    }
+    return best;
+  }
+
+  void Invoke(InvokeCall c, std::function<void(absl::StatusOr<InvokeResult>)> done) {
+    auto call = std::make_shared<Call>();
+    call->call = std::move(c);
+    call->done = std::move(done);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (auto s = LoadFnsLocked(); !s.ok()) return call->done(s);
+      auto it = fns.find(Key(call->call.ns, call->call.name));
+      if (it == fns.end())
+        return call->done(absl::NotFoundError(absl::StrCat("function ", call->call.name, " not found")));
+      call->fn = it->second;
+    }
+    v1::InvokeRequest& r = call->req;
+    r.set_name(call->call.name);
+    r.set_namespace_(call->call.ns);
+    r.set_generation(call->fn->spec.generation());
+    r.set_call_id(call->call.call_id);
+    r.set_method(call->call.method);
+    r.set_path(call->call.path);
+    r.set_query(call->call.query);
+    for (auto& [k, v] : call->call.headers) {
+      auto* h = r.add_headers();
+      h->set_name(k);
+      h->set_value(v);
+    }
+    r.set_body(std::move(call->call.body));
+    r.set_timeout_ms(static_cast<uint64_t>(call->call.timeout.count()));
+    Dispatch(call);
+  }
+
+  void Dispatch(std::shared_ptr<Call> call) {
+    std::string key = Key(call->call.ns, call->call.name);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      call->node = PickLocked(key, call->fn->spec.generation(), call->tried);
+      if (call->node) ++call->node->inflight[key];
+    }
+    if (!call->node) {
+      return call->done(absl::UnavailableError(
+          absl::StrCat("No endpoints available for: ", call->call.name, ".")));
+    }
+    call->tried.push_back(call->node->name);
+    Send(call);
+  }
+
+  void Send(std::shared_ptr<Call> call) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      active.insert(&call->ctx);
+    }
+    call->ctx.set_deadline(std::chrono::system_clock::now() + call->call.timeout +
+                           std::chrono::seconds(2));
+    call->node->stub->async()->Invoke(&call->ctx, &call->req, &call->res,
+                                      [this, call](grpc::Status s) { OnDone(call, s); });
+  }
+
+  void OnDone(std::shared_ptr<Call> call, const grpc::Status& s) {
+    std::string key = Key(call->call.ns, call->call.name);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      active.erase(&call->ctx);
+      if (active.empty()) active_cv.notify_all();
+    }
+    bool shutting_down;
+    {
+      std::lock_guard<std::mutex> l(stop_mu);
+      shutting_down = stopping;
+    }
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION && !call->req.has_spec() &&
+        !shutting_down) {
+      // The node does not know this version yet: send the spec along.
+      *call->req.mutable_spec() = call->fn->spec;
+      auto next = std::make_shared<Call>();
+      next->call = std::move(call->call);
+      next->done = std::move(call->done);
+      next->fn = call->fn;
+      next->node = call->node;
+      next->req = std::move(call->req);
+      next->tried = call->tried;
+      return Send(next);
+    }
+    {
+      std::lock_guard<std::mutex> l(mu);
+      --call->node->inflight[key];
+    }
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && call->tried.size() < 3 &&
+        !shutting_down) {
+      // The node went away: try another one.
+      auto next = std::make_shared<Call>();
+      next->call = std::move(call->call);
+      next->done = std::move(call->done);
+      next->fn = call->fn;
+      next->req = std::move(call->req);
+      next->tried = call->tried;
+      return Dispatch(next);
+    }
+    if (!s.ok()) return call->done(FromGrpc(s));
+    InvokeResult out;
+    out.status = call->res.status();
+    for (auto& h : *call->res.mutable_headers()) out.headers.emplace_back(h.name(), h.value());
+    out.body = std::move(*call->res.mutable_body());
+    out.start_tier = call->res.start_tier();
+    out.start_ms = call->res.start_ms();
+    out.instance = call->res.instance();
+    out.node = call->node->name;
+    call->done(std::move(out));
+  }
+
+  // ---- logs ----
+
+  void Logs(const std::string& ns, const std::string& name, int64_t since, int64_t tail,
+            bool follow, const std::function<bool(const LogRecord&)>& emit,
+            const std::function<bool()>& stop) {
+    std::vector<std::shared_ptr<Node>> targets;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (auto& [n, node] : nodes) targets.push_back(node);
+    }
+    v1::LogsRequest req;
+    req.set_name(name);
+    req.set_namespace_(ns);
+    req.set_since_unix_nanos(since);
+    req.set_tail(tail);
+    if (!follow) {
+      std::vector<LogRecord> all;
+      for (auto& node : targets) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+        auto reader = node->stub->Logs(&ctx, req);
+        v1::LogEntry e;
+        while (reader->Read(&e))
+          all.push_back({e.name(), e.namespace_(), e.instance(), e.text(), e.timestamp_unix_nanos()});
+        reader->Finish().IgnoreError();
+      }
+      std::stable_sort(all.begin(), all.end(), [](const LogRecord& a, const LogRecord& b) {
+        return a.timestamp_unix_nanos < b.timestamp_unix_nanos;
+      });
+      size_t from = tail > 0 && all.size() > static_cast<size_t>(tail) ? all.size() - tail : 0;
+      for (size_t i = from; i < all.size(); ++i)
+        if (!emit(all[i])) return;
+      return;
+    }
+    req.set_follow(true);
+    std::mutex emit_mu;
+    std::atomic<bool> closed{false};
+    std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+    std::vector<std::thread> readers;
+    for (auto& node : targets) {
+      ctxs.push_back(std::make_unique<grpc::ClientContext>());
+      grpc::ClientContext* ctx = ctxs.back().get();
+      readers.emplace_back([&, node, ctx] {
+        auto reader = node->stub->Logs(ctx, req);
+        v1::LogEntry e;
+        while (reader->Read(&e)) {
+          std::lock_guard<std::mutex> l(emit_mu);
+          if (closed) break;
+          if (!emit({e.name(), e.namespace_(), e.instance(), e.text(), e.timestamp_unix_nanos()}))
+            closed = true;
+        }
+        reader->Finish().IgnoreError();
+      });
+    }
+    while (!closed && !stop()) {
+      std::unique_lock<std::mutex> l(stop_mu);
+      if (stop_cv.wait_for(l, std::chrono::milliseconds(200), [&] { return stopping; })) break;
+    }
+    closed = true;
+    for (auto& c : ctxs) c->TryCancel();
+    for (auto& t : readers) t.join();
+  }
+};
+
+NodeRegistry::NodeRegistry(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NodeRegistry::~NodeRegistry() = default;
+
+absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
+    const NodeRegistryOptions& options, store::Store* store, BundleStore* bundles) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->store = store;
+  impl->bundles = bundles;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  builder.RegisterService(impl.get());
+  impl->server = builder.BuildAndStart();
+  if (!impl->server || port == 0)
+    return absl::UnavailableError(absl::StrCat("cannot listen for invokers on ", options.listen));
+  std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  if (host.empty()) host = "0.0.0.0";
+  impl->address = absl::StrCat(host, ":", port);
+  Impl* p = impl.get();
+  impl->liveness = std::thread([p] { p->LivenessLoop(); });
+  return std::unique_ptr<NodeRegistry>(new NodeRegistry(std::move(impl)));
+}
+
+std::string NodeRegistry::address() const { return impl_->address; }
+
+void NodeRegistry::FunctionsChanged() {
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    impl_->fns_valid = false;
+  }
+  impl_->SendAssignments();
+}
+
+void NodeRegistry::Invoke(InvokeCall call, std::function<void(absl::StatusOr<InvokeResult>)> done) {
+  impl_->Invoke(std::move(call), std::move(done));
+}
+
+uint64_t NodeRegistry::AvailableReplicas(const std::string& ns, const std::string& name) {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  impl_->LoadFnsLocked().IgnoreError();
+  auto it = impl_->fns.find(Key(ns, name));
+  if (it == impl_->fns.end()) return 0;
+  uint64_t gen = it->second->spec.generation();
+  uint64_t total = 0;
+  for (auto& [n, node] : impl_->nodes) {
+    auto c = node->counts.find(Key(ns, name));
+    if (c != node->counts.end() && c->second.generation() == gen) total += c->second.ready();
+  }
+  return total;
+}
+
+std::vector<NodeInfo> NodeRegistry::Nodes() {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  std::vector<NodeInfo> out;
+  for (auto& [n, node] : impl_->nodes) {
+    uint32_t instances = 0;
+    for (auto& [k, c] : node->counts) instances += c.ready();
+    out.push_back({node->name, node->address, node->cores, node->memory, node->memory_used, instances});
+  }
+  return out;
+}
+
+void NodeRegistry::Logs(const std::string& ns, const std::string& name, int64_t since, int64_t tail,
+                        bool follow, const std::function<bool(const LogRecord&)>& emit,
+                        const std::function<bool()>& stop) {
+  impl_->Logs(ns, name, since, tail, follow, emit, stop);
+}
+
+}  // namespace silt::gateway

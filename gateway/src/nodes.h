@@ -1,0 +1,98 @@
+// The gateway's view of the invokers: the Control gRPC service they connect to, their
+// load, the per-node assignment of replicas, and the invoke path to a chosen node.
+// gRPC stays inside nodes.cc.
+#ifndef SILT_GATEWAY_NODES_H_
+#define SILT_GATEWAY_NODES_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "bundles.h"
+#include "http_types.h"
+#include "store/store.h"
+
+namespace silt::gateway {
+
+struct InvokeCall {
+  std::string ns;
+  std::string name;
+  std::string call_id;
+  std::string method;
+  std::string path;
+  std::string query;
+  HeaderList headers;
+  std::string body;
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+};
+
+struct InvokeResult {
+  int status = 0;
+  HeaderList headers;
+  std::string body;
+  std::string start_tier;
+  double start_ms = 0;
+  std::string instance;
+  std::string node;
+};
+
+struct LogRecord {
+  std::string name, ns, instance, text;
+  int64_t timestamp_unix_nanos = 0;
+};
+
+struct NodeInfo {
+  std::string name;
+  std::string address;
+  uint32_t cores = 0;
+  uint64_t memory_bytes = 0;
+  uint64_t memory_used_bytes = 0;
+  uint32_t instances = 0;
+};
+
+struct NodeRegistryOptions {
+  std::string listen = "127.0.0.1:8081";
+  // A node that sends no report for this long is dropped and its replicas move.
+  std::chrono::milliseconds node_timeout{std::chrono::seconds(5)};
+};
+
+class NodeRegistry {
+ public:
+  static absl::StatusOr<std::unique_ptr<NodeRegistry>> Start(const NodeRegistryOptions& options,
+                                                             store::Store* store,
+                                                             BundleStore* bundles);
+  ~NodeRegistry();
+
+  std::string address() const;
+  // The function table changed (deploy, update, delete, scale, secret): rebuild the
+  // specs and send every node its new assignment.
+  void FunctionsChanged();
+  // Routes one call to a node. `done` runs on a gRPC thread. NotFound: no such function;
+  // Unavailable: no node can run it; DeadlineExceeded: it timed out.
+  void Invoke(InvokeCall call, std::function<void(absl::StatusOr<InvokeResult>)> done);
+  // Instances of the function's current version that are up, over all nodes.
+  uint64_t AvailableReplicas(const std::string& ns, const std::string& name);
+  std::vector<NodeInfo> Nodes();
+  // Collects log lines from every node (blocking; with follow, until `stop` or the
+  // emit callback returns false).
+  void Logs(const std::string& ns, const std::string& name, int64_t since, int64_t tail,
+            bool follow, const std::function<bool(const LogRecord&)>& emit,
+            const std::function<bool()>& stop);
+
+ private:
+  struct Impl;
+  explicit NodeRegistry(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Kubernetes quantities: "128Mi" → 134217728 bytes; "500m" CPU → 500 millicores.
+absl::StatusOr<uint64_t> ParseMemoryQuantity(absl::string_view q);
+absl::StatusOr<uint64_t> ParseCpuMillis(absl::string_view q);
+
+}  // namespace silt::gateway
+
+#endif  // SILT_GATEWAY_NODES_H_
