@@ -130,6 +130,8 @@ class ClassicRuntime {
   absl::Status Start(const WorkerConfig& cfg) {
     argv_ = SplitCommand(cfg.entry());
     if (argv_.empty()) return absl::InvalidArgumentError("empty fprocess");
+    if (chdir(cfg.bundle_dir().c_str()) != 0)
+      return absl::InternalError("cannot enter the bundle directory");
     return absl::OkStatus();
   }
 
@@ -272,6 +274,8 @@ class HttpRuntime {
   absl::Status Start(const WorkerConfig& cfg) {
     std::vector<std::string> argv = SplitCommand(cfg.entry());
     if (argv.empty()) return absl::InvalidArgumentError("empty fprocess");
+    if (chdir(cfg.bundle_dir().c_str()) != 0)
+      return absl::InternalError("cannot enter the bundle directory");
     std::string url = cfg.upstream_url().empty() ? "http://127.0.0.1:5000"
                                                  : cfg.upstream_url();
     absl::string_view u = url;

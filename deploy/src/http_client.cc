@@ -128,6 +128,51 @@ absl::StatusOr<HttpResult> Send(const HttpCall& call) {
   return out;
 }
 
+absl::StatusOr<int> SendStreaming(const HttpCall& call,
+                                  const std::function<bool(absl::string_view)>& on_data) {
+  auto url = ParseUrl(call.url);
+  if (!url.ok()) return url.status();
+  asio::io_context ioc;
+  beast::tcp_stream stream(ioc);
+  beast::error_code ec;
+  tcp::resolver resolver(ioc);
+  auto endpoints = resolver.resolve(url->host, url->port, ec);
+  if (!ec) stream.connect(endpoints, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", url->host, ":",
+                                               url->port, ": ", ec.message()));
+  }
+  http::request<http::string_body> req;
+  req.method_string(call.method);
+  req.target(url->target);
+  req.version(11);
+  req.set(http::field::host, absl::StrCat(url->host, ":", url->port));
+  req.set(http::field::user_agent, "silt-cli");
+  for (const auto& [k, v] : call.headers) req.set(k, v);
+  req.body() = call.body;
+  if (!call.body.empty()) req.prepare_payload();
+  http::write(stream, req, ec);
+  if (ec) return absl::UnavailableError(ec.message());
+  beast::flat_buffer buffer;
+  http::response_parser<http::buffer_body> parser;
+  parser.body_limit(std::numeric_limits<uint64_t>::max());
+  http::read_header(stream, buffer, parser, ec);
+  if (ec) return absl::UnavailableError(ec.message());
+  int status = static_cast<int>(parser.get().result_int());
+  char buf[8192];
+  while (!parser.is_done()) {
+    parser.get().body().data = buf;
+    parser.get().body().size = sizeof(buf);
+    http::read(stream, buffer, parser, ec);
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) break;
+    size_t n = sizeof(buf) - parser.get().body().size;
+    if (n > 0 && !on_data(absl::string_view(buf, n))) break;
+  }
+  stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+  return status;
+}
+
 std::string NormalizeGatewayUrl(absl::string_view url) {
   std::string u = absl::AsciiStrToLower(absl::StripAsciiWhitespace(url));
   if (!absl::StartsWith(u, "http://") && !absl::StartsWith(u, "https://"))

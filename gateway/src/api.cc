@@ -377,20 +377,7 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
   if (auto s = ValidateName("function", d->service); !s.ok()) return s;
   if (absl::StripAsciiWhitespace(d->image).empty())
     return absl::InvalidArgumentError("image is required");
-  if (auto digest = proclets::BundleDigestOf(d->image); !digest.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "image \"", d->image,
-        "\" is not a Silt bundle: build and push it with `silt up` (or `silt build` "
-        "and `silt push`) and deploy NAME@sha256:<digest>; OCI images are not "
-        "supported yet"));
-  } else if (auto b = bundles_->Get(*digest); !b.ok()) {
-    if (absl::IsNotFound(b.status())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "image \"", d->image, "\": bundle ", *digest,
-          " is not in this gateway's bundle store: push it first (silt push)"));
-    }
-    return b.status();
-  }
+
   auto ns = ResolveNamespace(d->ns, req);
   if (!ns.ok()) return ns.status();
   d->ns = *ns;
@@ -410,6 +397,21 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
       return absl::InvalidArgumentError(
           absl::StrCat("unable to find secret: ", secret));
     if (!s.ok()) return s.status();
+  }
+
+  if (auto digest = proclets::BundleDigestOf(d->image); !digest.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "image \"", d->image,
+        "\" is not a Silt bundle: build and push it with `silt up` (or `silt build` "
+        "and `silt push`) and deploy NAME@sha256:<digest>; OCI images are not "
+        "supported yet"));
+  } else if (auto b = bundles_->Get(*digest); !b.ok()) {
+    if (absl::IsNotFound(b.status())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "image \"", d->image, "\": bundle ", *digest,
+          " is not in this gateway's bundle store: push it first (silt push)"));
+    }
+    return b.status();
   }
 
   std::lock_guard<std::mutex> lock(write_mu_);

@@ -286,6 +286,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     int busy = 0;
     int starting = 0;
     int waiting = 0;
+    int filling = 0;  // of `starting`, those started by Fill (no caller waits for them)
     uint32_t min_instances = 0;
     std::condition_variable cv;
   };
@@ -530,14 +531,16 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       }
       int total =
           pool.busy + pool.starting + static_cast<int>(pool.idle.size());
-      if (total < MaxInstances(pool.spec)) {
+      // Start an instance for this call unless one that the pool is filling in (for its
+      // minimum) will be free for it.
+      if (total < MaxInstances(pool.spec) && pool.filling <= pool.waiting) {
         ++pool.starting;
         l.unlock();
         auto inst = StartInstance(pool.spec, *pool.bundle);
         l.lock();
         --pool.starting;
         if (!inst.ok()) {
-          pool.cv.notify_one();
+          pool.cv.notify_all();
           return inst.status();
         }
         ++pool.busy;
@@ -552,8 +555,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       ++pool.waiting;
       bool ok = pool.cv.wait_until(l, deadline, [&] {
         return !pool.idle.empty() ||
-               pool.busy + pool.starting + static_cast<int>(pool.idle.size()) <
-                   MaxInstances(pool.spec);
+               (pool.busy + pool.starting + static_cast<int>(pool.idle.size()) <
+                    MaxInstances(pool.spec) &&
+                pool.filling < pool.waiting);
       });
       --pool.waiting;
       if (!ok)
@@ -728,11 +732,14 @@ struct Invoker::Impl final : public v1::Invoker::Service {
             total >= MaxInstances(pool->spec))
           return;
         ++pool->starting;
+        ++pool->filling;
       }
       auto inst = StartInstance(pool->spec, *pool->bundle);
       std::lock_guard<std::mutex> l(mu);
       --pool->starting;
+      --pool->filling;
       if (!inst.ok()) {
+        pool->cv.notify_all();
         logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), "invoker",
                     absl::StrCat("silt: ", inst.status().message()));
         return;

@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "proclets/bundle.h"
 
 namespace silt::testing {
 
@@ -25,6 +26,9 @@ absl::StatusOr<GatewayProcess> GatewayProcess::Start(
       g.process_.WaitForLine("metrics on ", std::chrono::seconds(30));
   if (!metrics.ok()) return metrics.status();
   g.metrics_url_ = "http://" + metrics->substr(11);
+  auto grpc = g.process_.WaitForLine("invokers connect to ", std::chrono::seconds(30));
+  if (!grpc.ok()) return grpc.status();
+  g.grpc_address_ = grpc->substr(20);
   auto line = g.process_.WaitForLine("listening on ", std::chrono::seconds(30));
   if (!line.ok()) return line.status();
   g.url_ = "http://" + line->substr(13);
@@ -40,6 +44,20 @@ std::string GatewayProcess::password() const {
 
 std::string GatewayProcess::auth_header() const {
   return "Basic " + absl::Base64Escape("admin:" + password());
+}
+
+std::string GatewayProcess::PushTestBundle(const std::string& name) const {
+  proclets::BundleManifest m;
+  m.kind = "exec";
+  m.entry = "cat";
+  m.mode = "classic";
+  m.name = name;
+  auto tar = proclets::PackBundle(m, {{"README", "test bundle " + name + "\n", 0644}});
+  EXPECT_TRUE(tar.ok()) << tar.status();
+  std::string digest = proclets::Sha256Digest(*tar);
+  auto r = Call("POST", "/system/bundles?digest=" + digest, *tar);
+  EXPECT_TRUE(r.status == 201 || r.status == 200) << r.status << " " << r.body;
+  return name + "@" + digest;
 }
 
 deploy::HttpResult GatewayProcess::Call(const std::string& method,

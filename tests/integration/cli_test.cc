@@ -74,16 +74,20 @@ TEST_F(CliTest, DeployListDescribeRemoveFromStackFile) {
   Login();
   WriteFile("env.yml",
             "environment:\n  FROM_FILE: \"yes\"\n  OVERRIDDEN: file\n");
+  std::filesystem::create_directories(dir_ + "/hello");
+  std::filesystem::create_directories(dir_ + "/echo");
+  WriteFile("hello/handler.sh", "#!/bin/sh\necho hello\n");
+  WriteFile("echo/README", "echo\n");
   std::string stack = WriteFile("stack.yml", R"(version: 1.0
 provider:
   name: openfaas
   gateway: http://127.0.0.1:8080
 functions:
   hello:
-    lang: cpp
+    lang: exec
     handler: ./hello
     image: hello:${TAG:-latest}
-    fprocess: ./handler
+    fprocess: sh handler.sh
     environment_file: [env.yml]
     environment:
       OVERRIDDEN: inline
@@ -92,9 +96,24 @@ functions:
     limits:
       memory: 64Mi
   echo:
+    lang: exec
+    handler: ./echo
     image: echo:1
+    fprocess: cat
 )");
+  // Deploying before anything is built or pushed fails clearly.
   auto r = Silt({"deploy", "-f", stack});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(r.err, "is not a Silt bundle")) << r.err;
+  r = Silt({"build", "-f", stack});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "Built hello: sha256:")) << r.out;
+  r = Silt({"deploy", "-f", stack});
+  EXPECT_EQ(r.exit_code, 1);  // built but not pushed
+  EXPECT_TRUE(absl::StrContains(r.err, "push it first")) << r.err;
+  r = Silt({"push", "-f", stack});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = Silt({"deploy", "-f", stack});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "Deploying: hello.")) << r.out;
   EXPECT_TRUE(
@@ -102,8 +121,8 @@ functions:
       << r.out;
 
   auto s = json::parse(gw_->Call("GET", "/system/function/hello").body);
-  EXPECT_EQ(s["image"], "hello:latest");
-  EXPECT_EQ(s["envProcess"], "./handler");
+  EXPECT_TRUE(absl::StartsWith(s["image"].get<std::string>(), "hello:latest@sha256:")) << s;
+  EXPECT_EQ(s["envProcess"], "sh handler.sh");
   EXPECT_EQ(s["envVars"],
             json({{"FROM_FILE", "yes"}, {"OVERRIDDEN", "inline"}}));
   EXPECT_EQ(s["limits"]["memory"], "64Mi");
@@ -122,7 +141,7 @@ functions:
   EXPECT_TRUE(absl::StrContains(r.out, "hello")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "echo")) << r.out;
   r = Silt({"list", "-v"});
-  EXPECT_TRUE(absl::StrContains(r.out, "hello:latest")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "hello:latest@sha256:")) << r.out;
   r = Silt({"list", "-o", "json"});
   ASSERT_EQ(r.exit_code, 0);
   EXPECT_EQ(json::parse(r.out).size(), 2u);
@@ -201,7 +220,7 @@ TEST_F(CliTest, Namespaces) {
   r = Silt({"namespace", "list"});
   EXPECT_TRUE(absl::StrContains(r.out, " - openfaas-fn")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, " - dev")) << r.out;
-  r = Silt({"deploy", "--image", "img", "--name", "fn", "-n", "dev"});
+  r = Silt({"deploy", "--image", gw_->PushTestBundle("img"), "--name", "fn", "-n", "dev"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "/function/fn.dev")) << r.out;
   r = Silt({"namespace", "remove", "dev"});

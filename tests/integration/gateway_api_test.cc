@@ -54,7 +54,16 @@ class GatewayApiTest : public ::testing::Test {
     EXPECT_EQ(r.status, 200) << r.body;
     return json::parse(r.body, nullptr, false);
   }
+  // A deployable image: a pushed bundle's digest under the given name.
+  std::string Img(const std::string& name) {
+    if (digest_.empty()) {
+      std::string image = gw_->PushTestBundle("test");
+      digest_ = image.substr(image.find('@'));
+    }
+    return name + digest_;
+  }
   std::string dir_;
+  std::string digest_;
   std::unique_ptr<GatewayProcess> gw_;
 };
 
@@ -113,7 +122,7 @@ TEST_F(GatewayApiTest, InfoReportsSilt) {
 
 TEST_F(GatewayApiTest, DeployEchoesExactlyWhatWasDeployed) {
   json d = {{"service", "hello"},
-            {"image", "ghcr.io/example/hello:0.1"},
+            {"image", Img("ghcr.io/example/hello:0.1")},
             {"envProcess", "./handler"},
             {"envVars", {{"A", "1"}, {"B", "x=y"}}},
             {"labels", {{"team", "core"}}},
@@ -124,7 +133,7 @@ TEST_F(GatewayApiTest, DeployEchoesExactlyWhatWasDeployed) {
   Deploy(d);
   json s = Status("hello");
   EXPECT_EQ(s["name"], "hello");
-  EXPECT_EQ(s["image"], "ghcr.io/example/hello:0.1");
+  EXPECT_EQ(s["image"], Img("ghcr.io/example/hello:0.1"));
   EXPECT_EQ(s["namespace"], "openfaas-fn");
   EXPECT_EQ(s["envProcess"], "./handler");
   EXPECT_EQ(s["envVars"], json({{"A", "1"}, {"B", "x=y"}}));
@@ -144,22 +153,22 @@ TEST_F(GatewayApiTest, DeployEchoesExactlyWhatWasDeployed) {
 }
 
 TEST_F(GatewayApiTest, UpdateReplacesSpecAndUnknownUpdateIs404) {
-  Deploy({{"service", "fn"}, {"image", "img:1"}, {"envVars", {{"A", "1"}}}});
+  Deploy({{"service", "fn"}, {"image", Img("img:1")}, {"envVars", {{"A", "1"}}}});
   json created = Status("fn");
   auto r = Call("PUT", "/system/functions",
-                json({{"service", "fn"}, {"image", "img:2"}}).dump());
+                json({{"service", "fn"}, {"image", Img("img:2")}}).dump());
   ASSERT_EQ(r.status, 200) << r.body;
   json s = Status("fn");
-  EXPECT_EQ(s["image"], "img:2");
+  EXPECT_EQ(s["image"], Img("img:2"));
   EXPECT_FALSE(s.contains("envVars"));
   EXPECT_EQ(s["createdAt"], created["createdAt"]);
 
   r = Call("PUT", "/system/functions",
-           json({{"service", "ghost"}, {"image", "x"}}).dump());
+           json({{"service", "ghost"}, {"image", Img("x")}}).dump());
   EXPECT_EQ(r.status, 404);
   EXPECT_EQ(r.body, "function: ghost.openfaas-fn not found\n");
   r = Call("POST", "/system/functions",
-           json({{"service", "fn"}, {"image", "x"}}).dump());
+           json({{"service", "fn"}, {"image", Img("x")}}).dump());
   EXPECT_EQ(r.status, 409);
   EXPECT_TRUE(absl::StrContains(r.body, "already exists")) << r.body;
 }
@@ -189,6 +198,15 @@ TEST_F(GatewayApiTest, DeployErrors) {
       {R"({"service":"fn","image":"x","labels":{"com.openfaas.scale.min":"two"}})",
        400, "com.openfaas.scale.min"},
   };
+  std::string unknown = "sha256:" + std::string(64, 'b');
+  for (const auto& c : {Case{R"({"service":"fn","image":"docker.io/library/nginx:1"})", 400,
+                             "is not a Silt bundle"},
+                        Case{R"({"service":"fn","image":"fn@)" + unknown + R"("})", 400,
+                             "is not in this gateway's bundle store"}}) {
+    auto r = Call("POST", "/system/functions", c.body);
+    EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;
+    EXPECT_TRUE(absl::StrContains(r.body, c.message)) << c.body << " -> " << r.body;
+  }
   for (const auto& c : cases) {
     auto r = Call("POST", "/system/functions", c.body);
     EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;
@@ -201,8 +219,31 @@ TEST_F(GatewayApiTest, DeployErrors) {
   EXPECT_EQ(Call("PATCH", "/system/functions").status, 405);
 }
 
+TEST_F(GatewayApiTest, BundlesAreContentAddressedAndVerified) {
+  std::string image = gw_->PushTestBundle("b1");
+  std::string digest = image.substr(image.find('@') + 1);
+  auto list = json::parse(Call("GET", "/system/bundles").body);
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0]["digest"], digest);
+  EXPECT_EQ(list[0]["kind"], "exec");
+  // Pushing the same bytes again is a no-op (200, not 201).
+  gw_->PushTestBundle("b1");
+  EXPECT_EQ(json::parse(Call("GET", "/system/bundles").body).size(), 1u);
+
+  auto r = Call("POST", "/system/bundles?digest=sha256:" + std::string(64, 'c'), "garbage");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_TRUE(absl::StrContains(r.body, "digest mismatch")) << r.body;
+  r = Call("POST", "/system/bundles", "garbage");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_TRUE(absl::StrContains(r.body, "not a Silt bundle")) << r.body;
+  r = Call("POST", "/system/bundles?digest=md5:abc", "garbage");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(gw_->Call("POST", "/system/bundles", "x", false).status, 401);
+  EXPECT_EQ(json::parse(Call("GET", "/system/bundles").body).size(), 1u);
+}
+
 TEST_F(GatewayApiTest, DeleteFunction) {
-  Deploy({{"service", "fn"}, {"image", "img"}});
+  Deploy({{"service", "fn"}, {"image", Img("img")}});
   auto r = Call("DELETE", "/system/functions", R"({"functionName":"fn"})");
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Call("GET", "/system/function/fn").status, 404);
@@ -221,10 +262,10 @@ TEST_F(GatewayApiTest, NamespacesFromBodyThenQueryThenDefault) {
   ASSERT_EQ(r.status, 201) << r.body;
   EXPECT_EQ(json::parse(Call("GET", "/system/namespaces").body),
             json({"openfaas-fn", "dev"}));
-  Deploy({{"service", "fn"}, {"image", "img-dev"}, {"namespace", "dev"}});
-  Deploy({{"service", "fn"}, {"image", "img-default"}});
-  EXPECT_EQ(Status("fn", "dev")["image"], "img-dev");
-  EXPECT_EQ(Status("fn")["image"], "img-default");
+  Deploy({{"service", "fn"}, {"image", Img("img-dev")}, {"namespace", "dev"}});
+  Deploy({{"service", "fn"}, {"image", Img("img-default")}});
+  EXPECT_EQ(Status("fn", "dev")["image"], Img("img-dev"));
+  EXPECT_EQ(Status("fn")["image"], Img("img-default"));
   EXPECT_EQ(
       json::parse(Call("GET", "/system/functions?namespace=dev").body).size(),
       1u);
@@ -235,7 +276,7 @@ TEST_F(GatewayApiTest, NamespacesFromBodyThenQueryThenDefault) {
            R"({"functionName":"fn"})");
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Call("GET", "/system/function/fn?namespace=dev").status, 404);
-  EXPECT_EQ(Status("fn")["image"], "img-default");
+  EXPECT_EQ(Status("fn")["image"], Img("img-default"));
 }
 
 TEST_F(GatewayApiTest, NamespaceLifecycle) {
@@ -270,7 +311,7 @@ TEST_F(GatewayApiTest, NamespaceLifecycle) {
   EXPECT_EQ(Call("GET", "/system/namespace/ghost").status, 404);
 
   // A namespace with functions is not removed (that would lose them).
-  Deploy({{"service", "fn"}, {"image", "img"}, {"namespace", "dev"}});
+  Deploy({{"service", "fn"}, {"image", Img("img")}, {"namespace", "dev"}});
   r = Call("DELETE", "/system/namespace/dev");
   EXPECT_EQ(r.status, 409);
   EXPECT_TRUE(absl::StrContains(r.body, "1 function(s)")) << r.body;
@@ -307,7 +348,7 @@ TEST_F(GatewayApiTest, SecretsNeverReturnValues) {
             404);
 
   // Deploy referencing the secret now works.
-  Deploy({{"service", "fn"}, {"image", "img"}, {"secrets", {"db-pass"}}});
+  Deploy({{"service", "fn"}, {"image", Img("img")}, {"secrets", {"db-pass"}}});
   EXPECT_EQ(Status("fn")["secrets"], json({"db-pass"}));
 
   struct Case {
@@ -338,7 +379,7 @@ TEST_F(GatewayApiTest, SecretsNeverReturnValues) {
 TEST_F(GatewayApiTest, ScaleStoresReplicasIncludingZero) {
   Deploy(
       {{"service", "fn"},
-       {"image", "img"},
+       {"image", Img("img")},
        {"labels",
         {{"com.openfaas.scale.min", "2"}, {"com.openfaas.scale.max", "4"}}}});
   EXPECT_EQ(Status("fn")["replicas"], 2);
@@ -371,7 +412,7 @@ TEST_F(GatewayApiTest, ScaleStoresReplicasIncludingZero) {
 }
 
 TEST_F(GatewayApiTest, LogsValidateTheirQuery) {
-  Deploy({{"service", "fn"}, {"image", "img"}});
+  Deploy({{"service", "fn"}, {"image", Img("img")}});
   auto r =
       Call("GET", "/system/logs?name=fn&tail=5&since=2024-05-01T10:00:00Z");
   EXPECT_EQ(r.status, 200) << r.body;
@@ -397,7 +438,7 @@ TEST_F(GatewayApiTest, InvokeRoutesBeforeInvokersExist) {
   EXPECT_EQ(gw_->Call("GET", "/function/ghost.nope/a/b?x=1", "", false).status,
             404);
 
-  Deploy({{"service", "fn"}, {"image", "img"}});
+  Deploy({{"service", "fn"}, {"image", Img("img")}});
   r = gw_->Call("GET", "/function/fn.openfaas-fn/sub/path?q=1", "", false,
                 {{"X-Call-Id", "my-call"}});
   EXPECT_EQ(r.status, 503);
@@ -420,12 +461,12 @@ TEST_F(GatewayApiTest, InvokeRoutesBeforeInvokersExist) {
 }
 
 TEST_F(GatewayApiTest, OversizedBodyIs413AndLosesNothing) {
-  Deploy({{"service", "fn"}, {"image", "img"}});
+  Deploy({{"service", "fn"}, {"image", Img("img")}});
   std::string big(11 << 20, 'x');
   auto r = Call("PUT", "/system/functions", big);
   EXPECT_EQ(r.status, 413);
   EXPECT_TRUE(absl::StrContains(r.body, "too large")) << r.body;
-  EXPECT_EQ(Status("fn")["image"], "img");
+  EXPECT_EQ(Status("fn")["image"], Img("img"));
   EXPECT_EQ(Call("GET", "/system/functions").status,
             200);  // gateway still serves
 }
@@ -492,7 +533,7 @@ TEST_F(GatewayApiTest, EverythingSurvivesRestart) {
                 .status,
             201);
   Deploy({{"service", "fn"},
-          {"image", "img"},
+          {"image", Img("img")},
           {"namespace", "dev"},
           {"secrets", {"s"}}});
   Call("POST", "/system/scale-function/fn",
@@ -512,7 +553,7 @@ TEST_F(GatewayApiTest, EverythingSurvivesRestart) {
 
 TEST_F(GatewayApiTest, CrashLosesNoAcknowledgedWrite) {
   for (int i = 0; i < 20; ++i) {
-    Deploy({{"service", "fn" + std::to_string(i)}, {"image", "img"}});
+    Deploy({{"service", "fn" + std::to_string(i)}, {"image", Img("img")}});
   }
   gw_->Stop(SIGKILL);
   auto gw = GatewayProcess::Start(dir_);
