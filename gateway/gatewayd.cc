@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-listen", o.metrics_listen,
                  "Prometheus metrics address")
       ->capture_default_str();
-  app.add_option("--grpc-listen", o.grpc_listen, "gRPC address invokers connect to")
+  app.add_option("--grpc-listen", o.grpc_listen,
+                 "gRPC address invokers connect to")
       ->capture_default_str();
   app.add_option("--data-dir", o.data_dir,
                  "Directory for the store and credentials")

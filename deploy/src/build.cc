@@ -53,7 +53,8 @@ int RunCapture(const std::vector<std::string>& argv, std::string* out) {
   close(p[1]);
   char buf[4096];
   ssize_t n;
-  while ((n = read(p[0], buf, sizeof(buf))) > 0) out->append(buf, static_cast<size_t>(n));
+  while ((n = read(p[0], buf, sizeof(buf))) > 0)
+    out->append(buf, static_cast<size_t>(n));
   close(p[0]);
   int st = 0;
   waitpid(pid, &st, 0);
@@ -68,42 +69,48 @@ std::string BundlePath(const std::string& stack_dir, const StackFunction& fn) {
 
 absl::StatusOr<std::string> SdkIncludeDir() {
   std::vector<std::string> candidates;
-  if (const char* env = std::getenv("SILT_SDK_INCLUDE"); env && *env) candidates.push_back(env);
+  if (const char* env = std::getenv("SILT_SDK_INCLUDE"); env && *env)
+    candidates.push_back(env);
   candidates.push_back(SILT_SOURCE_SDK_INCLUDE);
   candidates.push_back("/usr/local/include");
   for (const auto& c : candidates) {
     if (fs::exists(fs::path(c) / "silt" / "function.h")) return c;
   }
-  return absl::NotFoundError(absl::StrCat("the Silt SDK (silt/function.h) is not in any of: ",
-                                          absl::StrJoin(candidates, ", "),
-                                          "; set SILT_SDK_INCLUDE"));
+  return absl::NotFoundError(
+      absl::StrCat("the Silt SDK (silt/function.h) is not in any of: ",
+                   absl::StrJoin(candidates, ", "), "; set SILT_SDK_INCLUDE"));
 }
 
-absl::StatusOr<BuiltBundle> BuildFunction(const std::string& stack_dir, const StackFunction& fn,
+absl::StatusOr<BuiltBundle> BuildFunction(const std::string& stack_dir,
+                                          const StackFunction& fn,
                                           std::string* log) {
   std::string lang = fn.lang.empty() ? "exec" : fn.lang;
   if (lang != "cpp" && lang != "exec" && lang != "python") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "function ", fn.name, ": lang \"", fn.lang, "\" is not supported: use cpp, python or exec"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("function ", fn.name, ": lang \"", fn.lang,
+                     "\" is not supported: use cpp, python or exec"));
   }
   if (fn.handler.empty())
-    return absl::InvalidArgumentError(absl::StrCat("function ", fn.name, " has no handler directory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("function ", fn.name, " has no handler directory"));
   fs::path handler = fs::path(stack_dir) / fn.handler;
   if (!fs::is_directory(handler)) {
-    return absl::NotFoundError(
-        absl::StrCat("function ", fn.name, ": handler directory ", handler.string(), " not found"));
+    return absl::NotFoundError(absl::StrCat("function ", fn.name,
+                                            ": handler directory ",
+                                            handler.string(), " not found"));
   }
 
-  // Every regular file of the handler directory travels in the bundle (sources excepted
-  // for C++, which become handler.so).
+  // Every regular file of the handler directory travels in the bundle (sources
+  // excepted for C++, which become handler.so).
   std::vector<proclets::BundleFile> files;
   std::vector<std::string> sources;
-  for (auto it = fs::recursive_directory_iterator(handler); it != fs::recursive_directory_iterator();
-       ++it) {
+  for (auto it = fs::recursive_directory_iterator(handler);
+       it != fs::recursive_directory_iterator(); ++it) {
     if (!it->is_regular_file()) continue;
     std::string rel = fs::relative(it->path(), handler).string();
     if (absl::StartsWith(rel, "build/") || absl::StartsWith(rel, ".")) continue;
-    if (lang == "cpp" && (IsCppSource(it->path()) || it->path().extension() == ".h")) {
+    if (lang == "cpp" &&
+        (IsCppSource(it->path()) || it->path().extension() == ".h")) {
       if (IsCppSource(it->path())) sources.push_back(it->path().string());
       continue;
     }
@@ -120,25 +127,32 @@ absl::StatusOr<BuiltBundle> BuildFunction(const std::string& stack_dir, const St
   if (lang == "cpp") {
     std::sort(sources.begin(), sources.end());
     if (sources.empty())
-      return absl::InvalidArgumentError(
-          absl::StrCat("function ", fn.name, ": no .cc/.cpp sources in ", handler.string()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "function ", fn.name, ": no .cc/.cpp sources in ", handler.string()));
     auto sdk = SdkIncludeDir();
     if (!sdk.ok()) return sdk.status();
     fs::path out_dir = fs::path(stack_dir) / "build" / fn.name;
     fs::create_directories(out_dir);
     fs::path so = out_dir / "handler.so";
     const char* cxx = std::getenv("CXX");
-    std::vector<std::string> argv = {cxx && *cxx ? cxx : "c++", "-std=c++20", "-O2", "-fPIC",
-                                     "-shared", "-fvisibility=hidden", "-I" + *sdk,
-                                     "-I" + handler.string(), "-o", so.string()};
+    std::vector<std::string> argv = {cxx && *cxx ? cxx : "c++",
+                                     "-std=c++20",
+                                     "-O2",
+                                     "-fPIC",
+                                     "-shared",
+                                     "-fvisibility=hidden",
+                                     "-I" + *sdk,
+                                     "-I" + handler.string(),
+                                     "-o",
+                                     so.string()};
     argv.insert(argv.end(), sources.begin(), sources.end());
     if (log) *log += absl::StrJoin(argv, " ") + "\n";
     std::string output;
     int rc = RunCapture(argv, &output);
     if (log) *log += output;
     if (rc != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("compiling ", fn.name, " failed (exit ", rc, "):\n", output));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "compiling ", fn.name, " failed (exit ", rc, "):\n", output));
     }
     auto content = ReadFile(so);
     if (!content.ok()) return content.status();
@@ -149,8 +163,9 @@ absl::StatusOr<BuiltBundle> BuildFunction(const std::string& stack_dir, const St
   } else {
     std::string fprocess = fn.fprocess;
     if (fprocess.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "function ", fn.name, ": lang ", lang, " needs fprocess (the command to run)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("function ", fn.name, ": lang ", lang,
+                       " needs fprocess (the command to run)"));
     }
     m.kind = "exec";
     m.entry = fprocess;
@@ -158,12 +173,14 @@ absl::StatusOr<BuiltBundle> BuildFunction(const std::string& stack_dir, const St
     m.mode = mode == fn.environment.end() ? "classic" : mode->second;
     if (m.mode == "streaming" || m.mode == "serializing") m.mode = "classic";
     if (m.mode != "classic" && m.mode != "http") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "function ", fn.name, ": mode \"", m.mode, "\" is not supported: use classic or http"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("function ", fn.name, ": mode \"", m.mode,
+                       "\" is not supported: use classic or http"));
     }
     if (m.mode == "http") {
       auto up = fn.environment.find("upstream_url");
-      m.upstream_url = up == fn.environment.end() ? "http://127.0.0.1:5000" : up->second;
+      m.upstream_url =
+          up == fn.environment.end() ? "http://127.0.0.1:5000" : up->second;
     }
   }
   auto tar = proclets::PackBundle(m, std::move(files));
@@ -178,12 +195,14 @@ absl::StatusOr<BuiltBundle> BuildFunction(const std::string& stack_dir, const St
   return b;
 }
 
-absl::StatusOr<BuiltBundle> ReadBuiltBundle(const std::string& stack_dir, const StackFunction& fn) {
+absl::StatusOr<BuiltBundle> ReadBuiltBundle(const std::string& stack_dir,
+                                            const StackFunction& fn) {
   BuiltBundle b;
   b.path = BundlePath(stack_dir, fn);
   auto tar = ReadFile(b.path);
   if (!tar.ok()) {
-    return absl::NotFoundError(absl::StrCat("function ", fn.name, " is not built (no ", b.path,
+    return absl::NotFoundError(absl::StrCat("function ", fn.name,
+                                            " is not built (no ", b.path,
                                             "): run silt build first"));
   }
   auto m = proclets::ReadBundleManifest(*tar);

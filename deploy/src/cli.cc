@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <thread>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/ascii.h"
@@ -358,46 +358,52 @@ std::string StackDir(const std::string& stack_file) {
   return dir.empty() ? "." : dir;
 }
 
-std::vector<StackFunction> SelectFunctions(const Stack& stack, const std::string& filter,
+std::vector<StackFunction> SelectFunctions(const Stack& stack,
+                                           const std::string& filter,
                                            const std::string& file) {
   std::vector<StackFunction> out;
   for (const auto& f : stack.functions)
     if (filter.empty() || f.name == filter) out.push_back(f);
-  if (out.empty()) Fail(absl::StrCat("no function named ", filter, " in ", file));
+  if (out.empty())
+    Fail(absl::StrCat("no function named ", filter, " in ", file));
   return out;
 }
 
 BuiltBundle BuildOne(const std::string& dir, const StackFunction& f) {
-  std::cout << "Building " << f.name << " (lang " << (f.lang.empty() ? "exec" : f.lang)
-            << ")..." << std::endl;
+  std::cout << "Building " << f.name << " (lang "
+            << (f.lang.empty() ? "exec" : f.lang) << ")..." << std::endl;
   std::string log;
   auto b = BuildFunction(dir, f, &log);
   if (!b.ok()) Fail(b.status().message());
-  std::cout << "Built " << f.name << ": " << b->digest << " (" << b->size << " bytes, "
-            << b->kind << ") -> " << b->path << std::endl;
+  std::cout << "Built " << f.name << ": " << b->digest << " (" << b->size
+            << " bytes, " << b->kind << ") -> " << b->path << std::endl;
   return *b;
 }
 
 void PushOne(const Client& c, const StackFunction& f, const BuiltBundle& b) {
   std::ifstream in(b.path, std::ios::binary);
   std::string bytes = ReadAll(in);
-  HttpResult r = c.Call("POST", "/system/bundles?digest=" + UrlEncode(b.digest), bytes);
+  HttpResult r =
+      c.Call("POST", "/system/bundles?digest=" + UrlEncode(b.digest), bytes);
   if (r.status != 200 && r.status != 201)
-    Fail(absl::StrCat("pushing ", f.name, " failed: ", r.status, " ", Trimmed(r.body)));
+    Fail(absl::StrCat("pushing ", f.name, " failed: ", r.status, " ",
+                      Trimmed(r.body)));
   std::cout << "Pushed " << f.name << ": " << b.digest
-            << (r.status == 201 ? "" : " (already on the gateway)") << std::endl;
+            << (r.status == 201 ? "" : " (already on the gateway)")
+            << std::endl;
 }
 
 // The image a built function deploys as: NAME@sha256:<digest>.
 std::string BundleImage(const StackFunction& f, const std::string& digest) {
   std::string base = f.image.empty() ? f.name : f.image;
-  if (size_t at = base.find('@'); at != std::string::npos) base = base.substr(0, at);
+  if (size_t at = base.find('@'); at != std::string::npos)
+    base = base.substr(0, at);
   return base + "@" + digest;
 }
 
-void Logs(const Client& c, const std::string& name, const std::string& ns, bool follow,
-          int lines, const std::string& since, const std::string& since_time,
-          const std::string& output) {
+void Logs(const Client& c, const std::string& name, const std::string& ns,
+          bool follow, int lines, const std::string& since,
+          const std::string& since_time, const std::string& output) {
   std::string q = "?name=" + UrlEncode(name);
   if (!ns.empty()) q += "&namespace=" + UrlEncode(ns);
   if (lines > 0) q += absl::StrCat("&tail=", lines);
@@ -411,7 +417,9 @@ void Logs(const Client& c, const std::string& name, const std::string& ns, bool 
         cur = cur * 10 + (ch - '0');
       } else {
         int64_t mult = ch == 'h' ? 3600 : ch == 'm' ? 60 : ch == 's' ? 1 : -1;
-        if (mult < 0) Fail(absl::StrCat("bad --since \"", since, "\": use e.g. 30s, 5m, 1h"));
+        if (mult < 0)
+          Fail(absl::StrCat("bad --since \"", since,
+                            "\": use e.g. 30s, 5m, 1h"));
         secs += cur * mult;
         cur = 0;
       }
@@ -427,8 +435,10 @@ void Logs(const Client& c, const std::string& name, const std::string& ns, bool 
   if (!since_rfc.empty()) q += "&since=" + UrlEncode(since_rfc);
   HttpCall call;
   call.url = c.gateway + "/system/logs" + q;
-  if (auto a = AuthorizationFor(c.gateway)) call.headers.emplace_back("Authorization", *a);
-  if (!c.token.empty()) call.headers.emplace_back("Authorization", "Bearer " + c.token);
+  if (auto a = AuthorizationFor(c.gateway))
+    call.headers.emplace_back("Authorization", *a);
+  if (!c.token.empty())
+    call.headers.emplace_back("Authorization", "Bearer " + c.token);
   std::string pending, error_body;
   int status = 0;
   auto r = SendStreaming(call, [&](absl::string_view data) {
@@ -447,15 +457,19 @@ void Logs(const Client& c, const std::string& name, const std::string& ns, bool 
       } else if (output == "raw") {
         std::cout << j.value("text", "") << std::endl;
       } else {
-        std::cout << j.value("timestamp", "") << " " << j.value("name", "") << " ("
-                  << j.value("instance", "") << ") " << j.value("text", "") << std::endl;
+        std::cout << j.value("timestamp", "") << " " << j.value("name", "")
+                  << " (" << j.value("instance", "") << ") "
+                  << j.value("text", "") << std::endl;
       }
     }
     return true;
   });
-  if (!r.ok()) Fail(absl::StrCat("Cannot connect to OpenFaaS on URL: ", c.gateway, ". ", r.status().message()));
+  if (!r.ok())
+    Fail(absl::StrCat("Cannot connect to OpenFaaS on URL: ", c.gateway, ". ",
+                      r.status().message()));
   status = *r;
-  if (status == 401) Fail("unauthorized access, run \"silt login\" to set up credentials");
+  if (status == 401)
+    Fail("unauthorized access, run \"silt login\" to set up credentials");
   if (status != 200)
     Fail(absl::StrCat("server returned unexpected status code: ", status, " - ",
                       Trimmed(error_body + pending)));
@@ -463,50 +477,60 @@ void Logs(const Client& c, const std::string& name, const std::string& ns, bool 
 
 int Invoke(const Client& c, const std::string& name, const std::string& ns,
            const std::string& method, const std::vector<std::string>& headers,
-           const std::vector<std::string>& query, const std::string& content_type,
-           bool show_headers) {
+           const std::vector<std::string>& query,
+           const std::string& content_type, bool show_headers) {
   std::string body;
   if (!isatty(STDIN_FILENO)) body = ReadAll(std::cin);
   HttpCall call;
   call.method = method;
-  std::string path = "/function/" + name + "." + (ns.empty() ? kDefaultNamespace : ns);
+  std::string path =
+      "/function/" + name + "." + (ns.empty() ? kDefaultNamespace : ns);
   std::string q;
   for (const auto& kv : query) {
     size_t eq = kv.find('=');
-    if (eq == std::string::npos) Fail(absl::StrCat("bad --query \"", kv, "\": expected KEY=VALUE"));
-    q += (q.empty() ? "?" : "&") + UrlEncode(kv.substr(0, eq)) + "=" + UrlEncode(kv.substr(eq + 1));
+    if (eq == std::string::npos)
+      Fail(absl::StrCat("bad --query \"", kv, "\": expected KEY=VALUE"));
+    q += (q.empty() ? "?" : "&") + UrlEncode(kv.substr(0, eq)) + "=" +
+         UrlEncode(kv.substr(eq + 1));
   }
   call.url = c.gateway + path + q;
   call.body = body;
   call.headers.emplace_back("Content-Type", content_type);
-  for (const auto& [k, v] : ParseKeyValues(headers, "--header")) call.headers.emplace_back(k, v);
+  for (const auto& [k, v] : ParseKeyValues(headers, "--header"))
+    call.headers.emplace_back(k, v);
   auto r = Send(call);
-  if (!r.ok()) Fail(absl::StrCat("Cannot connect to OpenFaaS on URL: ", c.gateway, ". ", r.status().message()));
+  if (!r.ok())
+    Fail(absl::StrCat("Cannot connect to OpenFaaS on URL: ", c.gateway, ". ",
+                      r.status().message()));
   if (show_headers) {
     std::cerr << "HTTP " << r->status << "\n";
     for (const auto& [k, v] : r->headers) std::cerr << k << ": " << v << "\n";
     std::cerr << std::endl;
   }
   if (r->status >= 400) {
-    std::cerr << "Server returned unexpected status code: " << r->status << " - "
-              << Trimmed(r->body) << std::endl;
+    std::cerr << "Server returned unexpected status code: " << r->status
+              << " - " << Trimmed(r->body) << std::endl;
     return 1;
   }
   std::cout << r->body << std::flush;
   return 0;
 }
 
-void NewFunction(const std::string& name, const std::string& lang, const std::string& stack_file) {
+void NewFunction(const std::string& name, const std::string& lang,
+                 const std::string& stack_file) {
   if (lang != "cpp" && lang != "python" && lang != "exec")
-    Fail(absl::StrCat("--lang ", lang, " is not supported: use cpp, python or exec"));
+    Fail(absl::StrCat("--lang ", lang,
+                      " is not supported: use cpp, python or exec"));
   namespace fs = std::filesystem;
   std::string dir = StackDir(stack_file);
   fs::path handler = fs::path(dir) / name;
-  if (fs::exists(handler)) Fail(absl::StrCat("folder ", handler.string(), " already exists"));
+  if (fs::exists(handler))
+    Fail(absl::StrCat("folder ", handler.string(), " already exists"));
   fs::create_directories(handler);
   std::string fprocess;
   if (lang == "cpp") {
-    std::ofstream(handler / "handler.cc") << R"(#include <silt/function.h>
+    std::ofstream(handler / "handler.cc")
+        << R"(#include <silt/function.h>
 
 #include <string>
 
@@ -514,7 +538,8 @@ void NewFunction(const std::string& name, const std::string& lang, const std::st
 static void Init(silt::Context& ctx) { ctx.Log("init done"); }
 
 static silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
-  return silt::Response::Text(200, "Hello from )" + name + R"(: " + std::string(req.body) + "\n");
+  return silt::Response::Text(200, "Hello from )" +
+               name + R"(: " + std::string(req.body) + "\n");
 }
 
 SILT_INIT(Init)
@@ -529,26 +554,29 @@ print("Hello from )" + name + R"(: " + body)
 )";
     fprocess = "python3 handler.py";
   } else {
-    std::ofstream(handler / "handler.sh") << "#!/bin/sh\necho \"Hello from " << name
-                                          << ": $(cat)\"\n";
+    std::ofstream(handler / "handler.sh")
+        << "#!/bin/sh\necho \"Hello from " << name << ": $(cat)\"\n";
     fs::permissions(handler / "handler.sh", fs::perms(0755));
     fprocess = "sh handler.sh";
   }
   bool exists = fs::exists(stack_file);
   std::ofstream out(stack_file, std::ios::app);
   if (!exists) {
-    out << "version: 1.0\nprovider:\n  name: openfaas\n  gateway: http://127.0.0.1:8080\n"
+    out << "version: 1.0\nprovider:\n  name: openfaas\n  gateway: "
+           "http://127.0.0.1:8080\n"
            "functions:\n";
   }
-  out << "  " << name << ":\n    lang: " << lang << "\n    handler: ./" << name << "\n    image: "
-      << name << ":latest\n";
+  out << "  " << name << ":\n    lang: " << lang << "\n    handler: ./" << name
+      << "\n    image: " << name << ":latest\n";
   if (!fprocess.empty()) out << "    fprocess: " << fprocess << "\n";
-  std::cout << "Folder: " << handler.string() << " created.\nFunction " << name << " added to "
-            << stack_file << "; deploy it with: silt up -f " << stack_file << std::endl;
+  std::cout << "Folder: " << handler.string() << " created.\nFunction " << name
+            << " added to " << stack_file << "; deploy it with: silt up -f "
+            << stack_file << std::endl;
 }
 
 // `silt local`: a gateway and one invoker on this machine, as child processes.
-int Local(const std::string& data_dir, const std::string& listen, bool no_auth) {
+int Local(const std::string& data_dir, const std::string& listen,
+          bool no_auth) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -560,7 +588,8 @@ int Local(const std::string& data_dir, const std::string& listen, bool no_auth) 
     }
     Fail(absl::StrCat("cannot find ", name, " next to ", self.string()));
   };
-  std::string gateway_bin = find("silt-gateway"), invoker_bin = find("silt-invoker");
+  std::string gateway_bin = find("silt-gateway"),
+              invoker_bin = find("silt-invoker");
   std::string host = listen.substr(0, listen.rfind(':'));
   bool any_port = absl::EndsWith(listen, ":0");
   std::string metrics = any_port ? host + ":0" : host + ":8082";
@@ -592,7 +621,8 @@ int Local(const std::string& data_dir, const std::string& listen, bool no_auth) 
     *out_fd = p[0];
     return pid;
   };
-  // Reads the child's stdout until a line starting with `prefix`; echoes every line.
+  // Reads the child's stdout until a line starting with `prefix`; echoes every
+  // line.
   auto wait_line = [](int fd, const std::string& prefix) -> std::string {
     std::string buf;
     char c;
@@ -608,22 +638,25 @@ int Local(const std::string& data_dir, const std::string& listen, bool no_auth) 
     }
     return "";
   };
-  std::vector<std::string> gw_args = {gateway_bin, "--listen", listen, "--metrics-listen", metrics,
-                                      "--grpc-listen", grpc, "--data-dir", data_dir + "/gateway"};
+  std::vector<std::string> gw_args = {
+      gateway_bin,     "--listen", listen,       "--metrics-listen",   metrics,
+      "--grpc-listen", grpc,       "--data-dir", data_dir + "/gateway"};
   if (no_auth) gw_args.push_back("--no-auth");
   int gw_out = -1;
   pid_t gw = spawn(gw_args, &gw_out);
   std::string grpc_addr = wait_line(gw_out, "invokers connect to ");
-  std::string http_addr = grpc_addr.empty() ? "" : wait_line(gw_out, "listening on ");
+  std::string http_addr =
+      grpc_addr.empty() ? "" : wait_line(gw_out, "listening on ");
   if (http_addr.empty()) {
     kill(gw, SIGTERM);
     waitpid(gw, nullptr, 0);
     Fail("silt-gateway did not start (see its messages above)");
   }
   int inv_out = -1;
-  pid_t inv = spawn({invoker_bin, "--gateway", grpc_addr, "--listen", host + ":0", "--data-dir",
-                     data_dir + "/invoker", "--node-name", "local"},
-                    &inv_out);
+  pid_t inv =
+      spawn({invoker_bin, "--gateway", grpc_addr, "--listen", host + ":0",
+             "--data-dir", data_dir + "/invoker", "--node-name", "local"},
+            &inv_out);
   std::string inv_addr = wait_line(inv_out, "listening on ");
   if (inv_addr.empty()) {
     kill(gw, SIGTERM);
@@ -637,15 +670,17 @@ int Local(const std::string& data_dir, const std::string& listen, bool no_auth) 
     call.url = "http://" + http_addr + "/system/nodes";
     if (!no_auth) {
       std::ifstream in(data_dir + "/gateway/secrets/basic-auth-password");
-      call.headers.emplace_back("Authorization",
-                                "Basic " + BasicToken("admin", Trimmed(ReadAll(in))));
+      call.headers.emplace_back(
+          "Authorization",
+          "Basic " + BasicToken("admin", Trimmed(ReadAll(in))));
     }
     auto r = Send(call);
     if (r.ok() && r->status == 200 && r->body != "[]") break;
     struct timespec ts = {0, 10 * 1000 * 1000};
     nanosleep(&ts, nullptr);
   }
-  std::cout << "invoker " << inv_addr << " registered\nlistening on " << http_addr << std::endl;
+  std::cout << "invoker " << inv_addr << " registered\nlistening on "
+            << http_addr << std::endl;
   int sig = 0;
   sigwait(&stop, &sig);
   kill(inv, SIGTERM);
@@ -798,10 +833,13 @@ int RunCli(int argc, char** argv) {
 
   // build / push / up
   std::string build_filter;
-  auto* build = app.add_subcommand("build", "Build functions of a stack file into bundles");
-  build->add_option("-f,--yaml", stack_file, "Stack file")->capture_default_str();
+  auto* build = app.add_subcommand(
+      "build", "Build functions of a stack file into bundles");
+  build->add_option("-f,--yaml", stack_file, "Stack file")
+      ->capture_default_str();
   build->add_option("--filter", build_filter, "Only this function");
-  auto* push = app.add_subcommand("push", "Upload built bundles to the gateway");
+  auto* push =
+      app.add_subcommand("push", "Upload built bundles to the gateway");
   gw_opt(push);
   push->add_option("-f,--yaml", stack_file, "Stack file");
   push->add_option("--filter", build_filter, "Only this function");
@@ -813,10 +851,13 @@ int RunCli(int argc, char** argv) {
 
   // new
   std::string new_name, new_lang = "cpp";
-  auto* new_cmd = app.add_subcommand("new", "Create a function from a starter template");
+  auto* new_cmd =
+      app.add_subcommand("new", "Create a function from a starter template");
   new_cmd->add_option("NAME", new_name, "Function name")->required();
-  new_cmd->add_option("--lang", new_lang, "cpp, python or exec")->capture_default_str();
-  new_cmd->add_option("-f,--yaml", stack_file, "Stack file to add it to (default stack.yml)");
+  new_cmd->add_option("--lang", new_lang, "cpp, python or exec")
+      ->capture_default_str();
+  new_cmd->add_option("-f,--yaml", stack_file,
+                      "Stack file to add it to (default stack.yml)");
 
   // logs
   bool follow = false;
@@ -828,8 +869,10 @@ int RunCli(int argc, char** argv) {
   logs->add_option("NAME", name, "Function name")->required();
   logs->add_flag("-t,--tail,--follow", follow, "Keep streaming new lines");
   logs->add_option("--lines", lines, "Only the last N lines");
-  logs->add_option("--since", since, "Only lines newer than this (30s, 5m, 1h)");
-  logs->add_option("--since-time", since_time, "Only lines newer than this RFC 3339 time");
+  logs->add_option("--since", since,
+                   "Only lines newer than this (30s, 5m, 1h)");
+  logs->add_option("--since-time", since_time,
+                   "Only lines newer than this RFC 3339 time");
   logs->add_option("-o,--output", log_output, "plain, raw or json")
       ->check(CLI::IsMember({"plain", "raw", "json"}));
 
@@ -837,22 +880,29 @@ int RunCli(int argc, char** argv) {
   std::string method = "POST", content_type = "text/plain";
   std::vector<std::string> headers, query;
   bool show_headers = false;
-  auto* invoke = app.add_subcommand("invoke", "Call a function (body from stdin)");
+  auto* invoke =
+      app.add_subcommand("invoke", "Call a function (body from stdin)");
   gw_opt(invoke);
   ns_opt(invoke);
   invoke->add_option("NAME", name, "Function name")->required();
-  invoke->add_option("-m,--method", method, "HTTP method")->capture_default_str();
+  invoke->add_option("-m,--method", method, "HTTP method")
+      ->capture_default_str();
   invoke->add_option("-H,--header", headers, "Header KEY=VALUE (repeatable)");
   invoke->add_option("--query", query, "Query KEY=VALUE (repeatable)");
-  invoke->add_option("--content-type", content_type, "Content-Type")->capture_default_str();
-  invoke->add_flag("-v,--verbose", show_headers, "Print the response status and headers to stderr");
+  invoke->add_option("--content-type", content_type, "Content-Type")
+      ->capture_default_str();
+  invoke->add_flag("-v,--verbose", show_headers,
+                   "Print the response status and headers to stderr");
 
   // local
   std::string local_dir, local_listen = "127.0.0.1:8080";
   bool local_no_auth = false;
-  auto* local = app.add_subcommand("local", "Run a gateway and an invoker on this machine");
-  local->add_option("--data-dir", local_dir, "Where everything is kept")->required();
-  local->add_option("--listen", local_listen, "Gateway address")->capture_default_str();
+  auto* local = app.add_subcommand(
+      "local", "Run a gateway and an invoker on this machine");
+  local->add_option("--data-dir", local_dir, "Where everything is kept")
+      ->required();
+  local->add_option("--listen", local_listen, "Gateway address")
+      ->capture_default_str();
   local->add_flag("--no-auth", local_no_auth, "Disable basic auth");
 
   bool short_version = false;
@@ -911,7 +961,8 @@ int RunCli(int argc, char** argv) {
         for (auto& f : stack->functions) {
           if (!filter.empty() && f.name != filter) continue;
           // A function built with `silt build` deploys its bundle.
-          if (!f.lang.empty() && f.image.find("@sha256:") == std::string::npos) {
+          if (!f.lang.empty() &&
+              f.image.find("@sha256:") == std::string::npos) {
             if (auto b = ReadBuiltBundle(StackDir(stack_file), f); b.ok())
               f.image = BundleImage(f, b->digest);
           }
@@ -1065,13 +1116,14 @@ int RunCli(int argc, char** argv) {
       }
       if (failed > 0) return 1;
     } else if (*new_cmd) {
-      NewFunction(new_name, new_lang, stack_file.empty() ? "stack.yml" : stack_file);
+      NewFunction(new_name, new_lang,
+                  stack_file.empty() ? "stack.yml" : stack_file);
     } else if (*logs) {
-      Logs(Client{ResolveGateway(gateway), token}, name, ns, follow, lines, since, since_time,
-           log_output);
+      Logs(Client{ResolveGateway(gateway), token}, name, ns, follow, lines,
+           since, since_time, log_output);
     } else if (*invoke) {
-      return Invoke(Client{ResolveGateway(gateway), token}, name, ns, method, headers, query,
-                    content_type, show_headers);
+      return Invoke(Client{ResolveGateway(gateway), token}, name, ns, method,
+                    headers, query, content_type, show_headers);
     } else if (*local) {
       return Local(local_dir, local_listen, local_no_auth);
     }

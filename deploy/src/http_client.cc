@@ -128,8 +128,9 @@ absl::StatusOr<HttpResult> Send(const HttpCall& call) {
   return out;
 }
 
-absl::StatusOr<int> SendStreaming(const HttpCall& call,
-                                  const std::function<bool(absl::string_view)>& on_data) {
+absl::StatusOr<int> SendStreaming(
+    const HttpCall& call,
+    const std::function<bool(absl::string_view)>& on_data) {
   auto url = ParseUrl(call.url);
   if (!url.ok()) return url.status();
   asio::io_context ioc;
@@ -139,8 +140,8 @@ absl::StatusOr<int> SendStreaming(const HttpCall& call,
   auto endpoints = resolver.resolve(url->host, url->port, ec);
   if (!ec) stream.connect(endpoints, ec);
   if (ec) {
-    return absl::UnavailableError(absl::StrCat("cannot connect to ", url->host, ":",
-                                               url->port, ": ", ec.message()));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot connect to ", url->host, ":", url->port, ": ", ec.message()));
   }
   http::request<http::string_body> req;
   req.method_string(call.method);
@@ -163,7 +164,7 @@ absl::StatusOr<int> SendStreaming(const HttpCall& call,
   while (!parser.is_done()) {
     parser.get().body().data = buf;
     parser.get().body().size = sizeof(buf);
-    http::read(stream, buffer, parser, ec);
+    http::read_some(stream, buffer, parser, ec);
     if (ec == http::error::need_buffer) ec = {};
     if (ec) break;
     size_t n = sizeof(buf) - parser.get().body().size;

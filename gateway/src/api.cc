@@ -402,7 +402,8 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
   if (auto digest = proclets::BundleDigestOf(d->image); !digest.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "image \"", d->image,
-        "\" is not a Silt bundle: build and push it with `silt up` (or `silt build` "
+        "\" is not a Silt bundle: build and push it with `silt up` (or `silt "
+        "build` "
         "and `silt push`) and deploy NAME@sha256:<digest>; OCI images are not "
         "supported yet"));
   } else if (auto b = bundles_->Get(*digest); !b.ok()) {
@@ -609,7 +610,7 @@ absl::StatusOr<HttpResponse> Api::Namespace(const HttpRequest& req,
     batch.PutNamespace({n->name, n->labels, n->annotations});
     if (auto s = store_->Write(batch); !s.ok()) return s;
     nodes_->FunctionsChanged();
-  nodes_->FunctionsChanged();
+    nodes_->FunctionsChanged();
     return HttpResponse::Empty(m == "POST" ? 201 : 202);
   }
   if (m == "DELETE") {
@@ -641,7 +642,7 @@ absl::StatusOr<HttpResponse> Api::Namespace(const HttpRequest& req,
     batch.DeleteNamespace(name);
     if (auto s = store_->Write(batch); !s.ok()) return s;
     nodes_->FunctionsChanged();
-  nodes_->FunctionsChanged();
+    nodes_->FunctionsChanged();
     return HttpResponse::Empty(202);
   }
   return MethodNotAllowed();
@@ -749,11 +750,12 @@ absl::StatusOr<HttpResponse> Api::Logs(const HttpRequest& req) {
     nodes->Logs(
         fn_ns, name, from, tail_n, follow_on,
         [&](const LogRecord& l) {
-          ordered_json j = {{"name", l.name},
-                            {"namespace", l.ns},
-                            {"instance", l.instance},
-                            {"timestamp", FormatRfc3339Nano(l.timestamp_unix_nanos)},
-                            {"text", l.text}};
+          ordered_json j = {
+              {"name", l.name},
+              {"namespace", l.ns},
+              {"instance", l.instance},
+              {"timestamp", FormatRfc3339Nano(l.timestamp_unix_nanos)},
+              {"text", l.text}};
           open = write(j.dump() + "\n");
           return open;
         },
@@ -765,9 +767,9 @@ absl::StatusOr<HttpResponse> Api::Logs(const HttpRequest& req) {
 namespace {
 
 bool IsHopByHop(absl::string_view h) {
-  for (absl::string_view x : {"Connection", "Keep-Alive", "Proxy-Authenticate",
-                              "Proxy-Authorization", "Proxy-Connection", "Te",
-                              "Trailer", "Transfer-Encoding", "Upgrade"}) {
+  for (absl::string_view x :
+       {"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+        "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}) {
     if (absl::EqualsIgnoreCase(h, x)) return true;
   }
   return false;
@@ -827,9 +829,11 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
   call.name = name;
   call.call_id = call_id;
   call.method = req.method;
-  absl::string_view rest = absl::string_view(req.path).substr(10);  // "/function/"
+  absl::string_view rest =
+      absl::string_view(req.path).substr(10);  // "/function/"
   size_t slash = rest.find('/');
-  call.path = slash == absl::string_view::npos ? "/" : std::string(rest.substr(slash));
+  call.path =
+      slash == absl::string_view::npos ? "/" : std::string(rest.substr(slash));
   call.query = req.query;
   for (const auto& [k, v] : req.headers) {
     if (!IsHopByHop(k)) call.headers.emplace_back(k, v);
@@ -837,7 +841,8 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
   if (echo_call_id) call.headers.emplace_back("X-Call-Id", call_id);
   call.headers.emplace_back("X-Start-Time", start_time);
   if (!req.HasHeader("X-Forwarded-Host") && req.HasHeader("Host"))
-    call.headers.emplace_back("X-Forwarded-Host", std::string(req.Header("Host")));
+    call.headers.emplace_back("X-Forwarded-Host",
+                              std::string(req.Header("Host")));
   if (!req.HasHeader("X-Forwarded-For"))
     call.headers.emplace_back("X-Forwarded-For", req.remote);
   call.body = req.body;
@@ -846,54 +851,52 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
 
   metrics_->InvocationStarted(fn);
   auto start = std::chrono::steady_clock::now();
-  nodes_->Invoke(
-      std::move(call),
-      [this, reply = std::move(reply), decorate, fn, name, request_ct,
-       start](absl::StatusOr<InvokeResult> r) mutable {
-        HttpResponse res;
-        if (r.ok()) {
-          res.status = r->status;
-          std::string ct;
-          for (auto& [k, v] : r->headers) {
-            if (IsHopByHop(k) || absl::EqualsIgnoreCase(k, "Content-Length"))
-              continue;
-            if (absl::EqualsIgnoreCase(k, "Content-Type")) ct = v;
-            res.headers.emplace_back(std::move(k), std::move(v));
-          }
-          if (ct.empty()) {
-            res.SetHeader("Content-Type",
-                          request_ct.empty() ? "text/plain" : request_ct);
-          }
-          res.body = std::move(r->body);
-          res.SetHeader("X-Silt-Start", r->start_tier);
-          res.SetHeader("X-Silt-Start-Ms", absl::StrFormat("%.3f", r->start_ms));
-        } else if (absl::IsNotFound(r.status())) {
-          res = HttpResponse::Text(
-              404, absl::StrCat("error finding function ", fn,
-                                ": server returned non-200 status code (404) "
-                                "for function, ",
-                                name, ", body: "));
-        } else if (absl::IsUnavailable(r.status())) {
-          res = HttpResponse::Text(
-              503, absl::StrCat("No endpoints available for: ", name, "."));
-          res.SetHeader("X-OpenFaaS-Internal", "proxy");
-        } else if (absl::IsDeadlineExceeded(r.status())) {
-          res = HttpResponse::Text(504, r.status().message());
-        } else if (absl::IsResourceExhausted(r.status())) {
-          res = HttpResponse::Text(429, r.status().message());
-        } else {
-          res = HttpResponse::Text(502, absl::StrCat("function ", name, ": ",
-                                                     r.status().message()));
-          res.SetHeader("X-OpenFaaS-Internal", "proxy");
-        }
-        decorate(res);
-        metrics_->InvocationDone(
-            fn, res.status,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                          start)
-                .count());
-        reply(std::move(res));
-      });
+  nodes_->Invoke(std::move(call), [this, reply = std::move(reply), decorate, fn,
+                                   name, request_ct, start](
+                                      absl::StatusOr<InvokeResult> r) mutable {
+    HttpResponse res;
+    if (r.ok()) {
+      res.status = r->status;
+      std::string ct;
+      for (auto& [k, v] : r->headers) {
+        if (IsHopByHop(k) || absl::EqualsIgnoreCase(k, "Content-Length"))
+          continue;
+        if (absl::EqualsIgnoreCase(k, "Content-Type")) ct = v;
+        res.headers.emplace_back(std::move(k), std::move(v));
+      }
+      if (ct.empty()) {
+        res.SetHeader("Content-Type",
+                      request_ct.empty() ? "text/plain" : request_ct);
+      }
+      res.body = std::move(r->body);
+      res.SetHeader("X-Silt-Start", r->start_tier);
+      res.SetHeader("X-Silt-Start-Ms", absl::StrFormat("%.3f", r->start_ms));
+    } else if (absl::IsNotFound(r.status())) {
+      res = HttpResponse::Text(
+          404, absl::StrCat("error finding function ", fn,
+                            ": server returned non-200 status code (404) "
+                            "for function, ",
+                            name, ", body: "));
+    } else if (absl::IsUnavailable(r.status())) {
+      res = HttpResponse::Text(
+          503, absl::StrCat("No endpoints available for: ", name, "."));
+      res.SetHeader("X-OpenFaaS-Internal", "proxy");
+    } else if (absl::IsDeadlineExceeded(r.status())) {
+      res = HttpResponse::Text(504, r.status().message());
+    } else if (absl::IsResourceExhausted(r.status())) {
+      res = HttpResponse::Text(429, r.status().message());
+    } else {
+      res = HttpResponse::Text(
+          502, absl::StrCat("function ", name, ": ", r.status().message()));
+      res.SetHeader("X-OpenFaaS-Internal", "proxy");
+    }
+    decorate(res);
+    metrics_->InvocationDone(
+        fn, res.status,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count());
+    reply(std::move(res));
+  });
   return std::optional<HttpResponse>();
 }
 

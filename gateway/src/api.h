@@ -6,8 +6,8 @@
 
 #include <chrono>
 #include <cstddef>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -31,7 +31,8 @@ struct ApiOptions {
   size_t max_system_body_bytes = 10 << 20;
   size_t max_function_body_bytes = 32 << 20;
   size_t max_bundle_bytes = 256 << 20;
-  // Longest a function call may take end to end (exec_timeout shortens it per function).
+  // Longest a function call may take end to end (exec_timeout shortens it per
+  // function).
   std::chrono::milliseconds upstream_timeout{std::chrono::seconds(60)};
 };
 
@@ -45,10 +46,11 @@ absl::Status ValidateName(absl::string_view kind, absl::string_view name);
 
 class Api {
  public:
-  Api(store::Store* store, Metrics* metrics, BundleStore* bundles, NodeRegistry* nodes,
-      ApiOptions options);
+  Api(store::Store* store, Metrics* metrics, BundleStore* bundles,
+      NodeRegistry* nodes, ApiOptions options);
 
-  // The main port (:8080). `reply` may run later, on another thread (function calls).
+  // The main port (:8080). `reply` may run later, on another thread (function
+  // calls).
   void Handle(const HttpRequest& req, Reply reply);
   // The metrics port (:8082): /metrics and /healthz.
   HttpResponse HandleMetricsPort(const HttpRequest& req);
@@ -76,9 +78,9 @@ class Api {
   absl::StatusOr<HttpResponse> WriteSecret(const HttpRequest& req, bool update);
   absl::StatusOr<HttpResponse> DeleteSecret(const HttpRequest& req);
   absl::StatusOr<HttpResponse> Logs(const HttpRequest& req);
-  absl::StatusOr<std::optional<HttpResponse>> Invoke(const HttpRequest& req, bool async,
-                                                     absl::string_view name_and_ns,
-                                                     Reply& reply);
+  absl::StatusOr<std::optional<HttpResponse>> Invoke(
+      const HttpRequest& req, bool async, absl::string_view name_and_ns,
+      Reply& reply);
   absl::StatusOr<HttpResponse> PushBundle(const HttpRequest& req);
   absl::StatusOr<HttpResponse> ListBundles();
   absl::StatusOr<HttpResponse> ListNodes();

@@ -14,19 +14,22 @@ namespace silt::gateway {
 namespace {
 
 std::string Encode(const BundleInfo& b) {
-  nlohmann::json j = {{"digest", b.digest},
-                      {"size", b.size},
-                      {"manifest", nlohmann::json::parse(proclets::ManifestJson(b.manifest))}};
+  nlohmann::json j = {
+      {"digest", b.digest},
+      {"size", b.size},
+      {"manifest", nlohmann::json::parse(proclets::ManifestJson(b.manifest))}};
   return j.dump();
 }
 
 absl::StatusOr<BundleInfo> Decode(absl::string_view text) {
   auto j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return absl::DataLossError("corrupt bundle record");
+  if (j.is_discarded() || !j.is_object())
+    return absl::DataLossError("corrupt bundle record");
   BundleInfo b;
   b.digest = j.value("digest", "");
   b.size = j.value("size", uint64_t{0});
-  auto m = proclets::ParseManifest(j.value("manifest", nlohmann::json::object()).dump());
+  auto m = proclets::ParseManifest(
+      j.value("manifest", nlohmann::json::object()).dump());
   if (!m.ok()) return m.status();
   b.manifest = *m;
   return b;
@@ -44,37 +47,42 @@ std::string BundleStore::PathOf(absl::string_view digest) const {
   return absl::StrCat(dir_, "/", digest.substr(7), ".tar");
 }
 
-absl::StatusOr<std::pair<BundleInfo, bool>> BundleStore::Put(absl::string_view bytes,
-                                                              absl::string_view expected) {
+absl::StatusOr<std::pair<BundleInfo, bool>> BundleStore::Put(
+    absl::string_view bytes, absl::string_view expected) {
   std::string digest = proclets::Sha256Digest(bytes);
   if (!expected.empty() && expected != digest) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bundle digest mismatch: the upload hashes to ", digest, ", not ", expected,
-        " (corrupted in transit?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bundle digest mismatch: the upload hashes to ", digest,
+                     ", not ", expected, " (corrupted in transit?)"));
   }
   auto manifest = proclets::ReadBundleManifest(bytes);
   if (!manifest.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("not a Silt bundle: ", manifest.status().message()));
   }
-  if (auto existing = Get(digest); existing.ok()) return std::make_pair(*existing, false);
+  if (auto existing = Get(digest); existing.ok())
+    return std::make_pair(*existing, false);
   std::string path = PathOf(digest);
   std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat("create ", tmp, ": ", strerror(errno)));
+  if (fd < 0)
+    return absl::InternalError(
+        absl::StrCat("create ", tmp, ": ", strerror(errno)));
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n <= 0) {
       ::close(fd);
-      return absl::InternalError(absl::StrCat("write ", tmp, ": ", strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("write ", tmp, ": ", strerror(errno)));
     }
     done += static_cast<size_t>(n);
   }
   bool synced = ::fsync(fd) == 0;
   ::close(fd);
   if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0)
-    return absl::InternalError(absl::StrCat("store ", path, ": ", strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("store ", path, ": ", strerror(errno)));
   BundleInfo info{digest, bytes.size(), *manifest};
   store::WriteBatch batch;
   batch.Put(store::Table::kBundles, digest, Encode(info));

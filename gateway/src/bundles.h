@@ -23,10 +23,10 @@ class BundleStore {
  public:
   BundleStore(store::Store* store, std::string dir);
 
-  // Verifies `bytes` against `expected_digest` (when given) and the bundle format, then
-  // stores it durably. Returns the info and whether it was new.
-  absl::StatusOr<std::pair<BundleInfo, bool>> Put(absl::string_view bytes,
-                                                  absl::string_view expected_digest);
+  // Verifies `bytes` against `expected_digest` (when given) and the bundle
+  // format, then stores it durably. Returns the info and whether it was new.
+  absl::StatusOr<std::pair<BundleInfo, bool>> Put(
+      absl::string_view bytes, absl::string_view expected_digest);
   absl::StatusOr<BundleInfo> Get(absl::string_view digest) const;
   absl::StatusOr<std::vector<BundleInfo>> List() const;
   std::string PathOf(absl::string_view digest) const;

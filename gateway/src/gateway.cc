@@ -25,8 +25,8 @@ struct Gateway::Impl {
   Credentials credentials;
 
   boost::asio::io_context ioc;
-  // Destroyed before the io_context: it cancels and drains in-flight function calls,
-  // whose replies are queued onto the (stopped) io_context.
+  // Destroyed before the io_context: it cancels and drains in-flight function
+  // calls, whose replies are queued onto the (stopped) io_context.
   std::unique_ptr<NodeRegistry> nodes;
   std::unique_ptr<HttpServer> server;
   std::unique_ptr<HttpServer> metrics_server;
@@ -94,11 +94,10 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   http.header_timeout = options.read_timeout;
   http.body_timeout = options.read_timeout;
   http.write_timeout = options.write_timeout;
-  auto server = HttpServer::Listen(
-      impl->ioc, options.listen, http,
-      [api](HttpRequest req, Reply reply) {
-        api->Handle(req, std::move(reply));
-      });
+  auto server = HttpServer::Listen(impl->ioc, options.listen, http,
+                                   [api](HttpRequest req, Reply reply) {
+                                     api->Handle(req, std::move(reply));
+                                   });
   if (!server.ok()) return server.status();
   impl->server = *std::move(server);
 

@@ -175,8 +175,8 @@ class Session : public std::enable_shared_from_this<Session> {
                       });
   }
 
-  // Sends the head, then the chunks `res.stream` produces on its own thread (it may block
-  // for long, e.g. following logs), then closes the connection.
+  // Sends the head, then the chunks `res.stream` produces on its own thread (it
+  // may block for long, e.g. following logs), then closes the connection.
   void Stream(HttpResponse res) {
     http::response<http::empty_body> head;
     head.version(version_);
@@ -194,8 +194,9 @@ class Session : public std::enable_shared_from_this<Session> {
         produce([&](absl::string_view chunk) {
           if (ec) return false;
           if (chunk.empty()) return true;
-          asio::write(self->stream_, http::make_chunk(asio::buffer(chunk.data(), chunk.size())),
-                      ec);
+          asio::write(
+              self->stream_,
+              http::make_chunk(asio::buffer(chunk.data(), chunk.size())), ec);
           return !ec;
         });
       }

@@ -37,9 +37,10 @@ struct HttpResponse {
   int status = 200;
   HeaderList headers;
   std::string body;
-  // When set, the body is produced by this function on its own thread and sent with
-  // chunked encoding; `write` returns false once the client is gone.
-  std::function<void(const std::function<bool(absl::string_view)>& write)> stream;
+  // When set, the body is produced by this function on its own thread and sent
+  // with chunked encoding; `write` returns false once the client is gone.
+  std::function<void(const std::function<bool(absl::string_view)>& write)>
+      stream;
 
   void SetHeader(absl::string_view name, std::string value);
   // Go's http.Error: text/plain body with a trailing newline.

@@ -25,18 +25,31 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace v1 = silt::invoker::v1;
 
-std::string Key(const std::string& ns, const std::string& name) { return ns + "/" + name; }
+std::string Key(const std::string& ns, const std::string& name) {
+  return ns + "/" + name;
+}
 
 absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
 }
 
 absl::StatusOr<double> ParseQuantity(absl::string_view q, bool cpu) {
   q = absl::StripAsciiWhitespace(q);
   static const std::pair<const char*, double> kSuffixes[] = {
-      {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
-      {"Pi", 1125899906842624.0}, {"Ei", 1152921504606846976.0}, {"k", 1e3}, {"M", 1e6},
-      {"G", 1e9}, {"T", 1e12}, {"P", 1e15}, {"E", 1e18}, {"m", 1e-3}};
+      {"Ki", 1024.0},
+      {"Mi", 1048576.0},
+      {"Gi", 1073741824.0},
+      {"Ti", 1099511627776.0},
+      {"Pi", 1125899906842624.0},
+      {"Ei", 1152921504606846976.0},
+      {"k", 1e3},
+      {"M", 1e6},
+      {"G", 1e9},
+      {"T", 1e12},
+      {"P", 1e15},
+      {"E", 1e18},
+      {"m", 1e-3}};
   double mult = 1;
   for (const auto& [suffix, m] : kSuffixes) {
     if (absl::EndsWith(q, suffix)) {
@@ -77,7 +90,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     uint32_t cores = 0;
     uint64_t memory = 0, memory_used = 0;
     grpc::ServerContext* ctx = nullptr;
-    grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream = nullptr;
+    grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream =
+        nullptr;
     std::mutex write_mu;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Invoker::Stub> stub;
@@ -93,7 +107,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   std::string address;
 
   std::mutex mu;
-  std::map<std::string, std::shared_ptr<Node>> nodes;  // by name
+  std::map<std::string, std::shared_ptr<Node>> nodes;    // by name
   std::map<std::string, std::shared_ptr<const Fn>> fns;  // cache by ns/name
   bool fns_valid = false;
   uint64_t next_session = 1;
@@ -118,7 +132,9 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       for (auto& [n, node] : nodes)
         if (node->ctx) node->ctx->TryCancel();
     }
-    if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    if (server)
+      server->Shutdown(std::chrono::system_clock::now() +
+                       std::chrono::seconds(1));
     if (liveness.joinable()) liveness.join();
     std::unique_lock<std::mutex> l(mu);
     for (auto* c : active) c->TryCancel();
@@ -127,7 +143,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
 
   // ---- function specs ----
 
-  absl::StatusOr<std::shared_ptr<const Fn>> BuildFn(const store::FunctionRecord& rec) {
+  absl::StatusOr<std::shared_ptr<const Fn>> BuildFn(
+      const store::FunctionRecord& rec) {
     auto d = ParseFunctionDeployment(rec.spec);
     if (!d.ok()) return d.status();
     auto fn = std::make_shared<Fn>();
@@ -148,7 +165,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       if (secret.ok()) (*s.mutable_secrets())[name] = secret->value;
     }
     if (d->limits && !d->limits->memory.empty())
-      if (auto m = ParseMemoryQuantity(d->limits->memory); m.ok()) s.set_memory_limit_bytes(*m);
+      if (auto m = ParseMemoryQuantity(d->limits->memory); m.ok())
+        s.set_memory_limit_bytes(*m);
     if (d->limits && !d->limits->cpu.empty())
       if (auto c = ParseCpuMillis(d->limits->cpu); c.ok()) s.set_cpu_millis(*c);
     return std::shared_ptr<const Fn>(std::move(fn));
@@ -173,13 +191,16 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     v1::Assignment a;
     std::vector<std::string> names;
     for (const auto& [n, node] : nodes) names.push_back(n);
-    size_t index = std::find(names.begin(), names.end(), node_name) - names.begin();
+    size_t index =
+        std::find(names.begin(), names.end(), node_name) - names.begin();
     size_t count = names.size();
     for (const auto& [key, fn] : fns) {
       if (fn->spec.bundle_digest().empty()) continue;
       v1::FunctionSpec* s = a.add_functions();
       *s = fn->spec;
-      uint64_t share = count == 0 ? 0 : fn->replicas / count + (index < fn->replicas % count ? 1 : 0);
+      uint64_t share = count == 0 ? 0
+                                  : fn->replicas / count +
+                                        (index < fn->replicas % count ? 1 : 0);
       s->set_min_instances(static_cast<uint32_t>(share));
     }
     return a;
@@ -189,7 +210,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     std::vector<std::pair<std::shared_ptr<Node>, v1::GatewayMessage>> out;
     {
       std::lock_guard<std::mutex> l(mu);
-      LoadFnsLocked().IgnoreError();  // a store error leaves the last assignment in place
+      LoadFnsLocked()
+          .IgnoreError();  // a store error leaves the last assignment in place
       for (const auto& [n, node] : nodes) {
         v1::GatewayMessage m;
         *m.mutable_assignment() = AssignmentLocked(n);
@@ -204,14 +226,18 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
 
   // ---- Control service ----
 
-  grpc::Status Connect(grpc::ServerContext* ctx,
-                       grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream) override {
+  grpc::Status Connect(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream)
+      override {
     v1::NodeMessage first;
     if (!stream->Read(&first) || !first.has_register_())
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "first message must be register");
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "first message must be register");
     const auto& reg = first.register_();
     if (reg.node_name().empty() || reg.address().empty())
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "node name and address required");
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "node name and address required");
     auto node = std::make_shared<Node>();
     node->name = reg.node_name();
     node->address = reg.address();
@@ -223,13 +249,24 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(256 << 20);
     args.SetMaxSendMessageSize(256 << 20);
-    node->channel = grpc::CreateCustomChannel(node->address, grpc::InsecureChannelCredentials(), args);
+    node->channel = grpc::CreateCustomChannel(
+        node->address, grpc::InsecureChannelCredentials(), args);
     node->stub = v1::Invoker::NewStub(node->channel);
     {
       std::lock_guard<std::mutex> l(mu);
+      if (auto it = nodes.find(node->name); it != nodes.end()) {
+        // Two live invokers must not share a name. A restarted invoker whose
+        // old session has not been noticed dead yet retries until the liveness
+        // check drops it.
+        if (Clock::now() - it->second->last_seen < options.node_timeout) {
+          return grpc::Status(
+              grpc::StatusCode::ALREADY_EXISTS,
+              absl::StrCat("an invoker named ", node->name, " at ",
+                           it->second->address, " is already registered"));
+        }
+        if (it->second->ctx) it->second->ctx->TryCancel();
+      }
       node->session = next_session++;
-      if (auto it = nodes.find(node->name); it != nodes.end() && it->second->ctx)
-        it->second->ctx->TryCancel();  // a restarted invoker replaces its old session
       nodes[node->name] = node;
     }
     SendAssignments();
@@ -240,12 +277,14 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       node->last_seen = Clock::now();
       node->memory_used = m.report().used().memory_bytes();
       node->counts.clear();
-      for (const auto& c : m.report().instances()) node->counts[Key(c.namespace_(), c.name())] = c;
+      for (const auto& c : m.report().instances())
+        node->counts[Key(c.namespace_(), c.name())] = c;
     }
     {
       std::lock_guard<std::mutex> l(mu);
       auto it = nodes.find(node->name);
-      if (it != nodes.end() && it->second->session == node->session) nodes.erase(it);
+      if (it != nodes.end() && it->second->session == node->session)
+        nodes.erase(it);
     }
     {
       std::lock_guard<std::mutex> w(node->write_mu);
@@ -255,12 +294,17 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status FetchBundle(grpc::ServerContext*, const v1::FetchBundleRequest* req,
-                           grpc::ServerWriter<v1::BundleChunk>* writer) override {
+  grpc::Status FetchBundle(
+      grpc::ServerContext*, const v1::FetchBundleRequest* req,
+      grpc::ServerWriter<v1::BundleChunk>* writer) override {
     auto info = bundles->Get(req->digest());
-    if (!info.ok()) return grpc::Status(grpc::StatusCode::NOT_FOUND, std::string(info.status().message()));
+    if (!info.ok())
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          std::string(info.status().message()));
     std::ifstream in(bundles->PathOf(req->digest()), std::ios::binary);
-    if (!in) return grpc::Status(grpc::StatusCode::DATA_LOSS, "bundle file missing on the gateway");
+    if (!in)
+      return grpc::Status(grpc::StatusCode::DATA_LOSS,
+                          "bundle file missing on the gateway");
     std::string buf(1 << 20, '\0');
     while (in) {
       in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
@@ -277,12 +321,15 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     while (true) {
       {
         std::unique_lock<std::mutex> l(stop_mu);
-        if (stop_cv.wait_for(l, std::chrono::milliseconds(100), [&] { return stopping; })) return;
+        if (stop_cv.wait_for(l, std::chrono::milliseconds(100),
+                             [&] { return stopping; }))
+          return;
       }
       std::lock_guard<std::mutex> l(mu);
       auto now = Clock::now();
       for (auto& [n, node] : nodes) {
-        if (now - node->last_seen > options.node_timeout && node->ctx) node->ctx->TryCancel();
+        if (now - node->last_seen > options.node_timeout && node->ctx)
+          node->ctx->TryCancel();
       }
     }
   }
@@ -300,8 +347,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     std::vector<std::string> tried;
   };
 
-  // Caller holds mu. The node with the most idle instances of this function, then the
-  // fewest calls of it in flight, then round robin.
+  // Caller holds mu. The node with the most idle instances of this function,
+  // then the fewest calls of it in flight, then round robin.
   std::shared_ptr<Node> PickLocked(const std::string& key, uint64_t generation,
                                    const std::vector<std::string>& exclude) {
     std::shared_ptr<Node> best;
@@ -313,13 +360,17 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     ++rr;
     for (i = 0; i < n; ++i) {
       auto& node = order[(i + rr) % n];
-      if (std::find(exclude.begin(), exclude.end(), node->name) != exclude.end()) continue;
+      if (std::find(exclude.begin(), exclude.end(), node->name) !=
+          exclude.end())
+        continue;
       long ready = 0;
-      if (auto it = node->counts.find(key); it != node->counts.end() && it->second.generation() == generation)
+      if (auto it = node->counts.find(key);
+          it != node->counts.end() && it->second.generation() == generation)
         ready = it->second.ready();
       int inflight = node->inflight[key];
       long idle = ready - inflight;
-      if (!best || idle > best_idle || (idle == best_idle && inflight < best_inflight)) {
+      if (!best || idle > best_idle ||
+          (idle == best_idle && inflight < best_inflight)) {
         best = node;
         best_idle = idle;
         best_inflight = inflight;
@@ -328,7 +379,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     return best;
   }
 
-  void Invoke(InvokeCall c, std::function<void(absl::StatusOr<InvokeResult>)> done) {
+  void Invoke(InvokeCall c,
+              std::function<void(absl::StatusOr<InvokeResult>)> done) {
     auto call = std::make_shared<Call>();
     call->call = std::move(c);
     call->done = std::move(done);
@@ -337,7 +389,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       if (auto s = LoadFnsLocked(); !s.ok()) return call->done(s);
       auto it = fns.find(Key(call->call.ns, call->call.name));
       if (it == fns.end())
-        return call->done(absl::NotFoundError(absl::StrCat("function ", call->call.name, " not found")));
+        return call->done(absl::NotFoundError(
+            absl::StrCat("function ", call->call.name, " not found")));
       call->fn = it->second;
     }
     v1::InvokeRequest& r = call->req;
@@ -378,10 +431,11 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       std::lock_guard<std::mutex> l(mu);
       active.insert(&call->ctx);
     }
-    call->ctx.set_deadline(std::chrono::system_clock::now() + call->call.timeout +
-                           std::chrono::seconds(2));
-    call->node->stub->async()->Invoke(&call->ctx, &call->req, &call->res,
-                                      [this, call](grpc::Status s) { OnDone(call, s); });
+    call->ctx.set_deadline(std::chrono::system_clock::now() +
+                           call->call.timeout + std::chrono::seconds(2));
+    call->node->stub->async()->Invoke(
+        &call->ctx, &call->req, &call->res,
+        [this, call](grpc::Status s) { OnDone(call, s); });
   }
 
   void OnDone(std::shared_ptr<Call> call, const grpc::Status& s) {
@@ -396,8 +450,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       std::lock_guard<std::mutex> l(stop_mu);
       shutting_down = stopping;
     }
-    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION && !call->req.has_spec() &&
-        !shutting_down) {
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+        !call->req.has_spec() && !shutting_down) {
       // The node does not know this version yet: send the spec along.
       *call->req.mutable_spec() = call->fn->spec;
       auto next = std::make_shared<Call>();
@@ -413,8 +467,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       std::lock_guard<std::mutex> l(mu);
       --call->node->inflight[key];
     }
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && call->tried.size() < 3 &&
-        !shutting_down) {
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        call->tried.size() < 3 && !shutting_down) {
       // The node went away: try another one.
       auto next = std::make_shared<Call>();
       next->call = std::move(call->call);
@@ -427,7 +481,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     if (!s.ok()) return call->done(FromGrpc(s));
     InvokeResult out;
     out.status = call->res.status();
-    for (auto& h : *call->res.mutable_headers()) out.headers.emplace_back(h.name(), h.value());
+    for (auto& h : *call->res.mutable_headers())
+      out.headers.emplace_back(h.name(), h.value());
     out.body = std::move(*call->res.mutable_body());
     out.start_tier = call->res.start_tier();
     out.start_ms = call->res.start_ms();
@@ -438,8 +493,9 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
 
   // ---- logs ----
 
-  void Logs(const std::string& ns, const std::string& name, int64_t since, int64_t tail,
-            bool follow, const std::function<bool(const LogRecord&)>& emit,
+  void Logs(const std::string& ns, const std::string& name, int64_t since,
+            int64_t tail, bool follow,
+            const std::function<bool(const LogRecord&)>& emit,
             const std::function<bool()>& stop) {
     std::vector<std::shared_ptr<Node>> targets;
     {
@@ -455,17 +511,22 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       std::vector<LogRecord> all;
       for (auto& node : targets) {
         grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
         auto reader = node->stub->Logs(&ctx, req);
         v1::LogEntry e;
         while (reader->Read(&e))
-          all.push_back({e.name(), e.namespace_(), e.instance(), e.text(), e.timestamp_unix_nanos()});
+          all.push_back({e.name(), e.namespace_(), e.instance(), e.text(),
+                         e.timestamp_unix_nanos()});
         reader->Finish().IgnoreError();
       }
-      std::stable_sort(all.begin(), all.end(), [](const LogRecord& a, const LogRecord& b) {
-        return a.timestamp_unix_nanos < b.timestamp_unix_nanos;
-      });
-      size_t from = tail > 0 && all.size() > static_cast<size_t>(tail) ? all.size() - tail : 0;
+      std::stable_sort(all.begin(), all.end(),
+                       [](const LogRecord& a, const LogRecord& b) {
+                         return a.timestamp_unix_nanos < b.timestamp_unix_nanos;
+                       });
+      size_t from = tail > 0 && all.size() > static_cast<size_t>(tail)
+                        ? all.size() - tail
+                        : 0;
       for (size_t i = from; i < all.size(); ++i)
         if (!emit(all[i])) return;
       return;
@@ -484,7 +545,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
         while (reader->Read(&e)) {
           std::lock_guard<std::mutex> l(emit_mu);
           if (closed) break;
-          if (!emit({e.name(), e.namespace_(), e.instance(), e.text(), e.timestamp_unix_nanos()}))
+          if (!emit({e.name(), e.namespace_(), e.instance(), e.text(),
+                     e.timestamp_unix_nanos()}))
             closed = true;
         }
         reader->Finish().IgnoreError();
@@ -492,7 +554,9 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     }
     while (!closed && !stop()) {
       std::unique_lock<std::mutex> l(stop_mu);
-      if (stop_cv.wait_for(l, std::chrono::milliseconds(200), [&] { return stopping; })) break;
+      if (stop_cv.wait_for(l, std::chrono::milliseconds(200),
+                           [&] { return stopping; }))
+        break;
     }
     closed = true;
     for (auto& c : ctxs) c->TryCancel();
@@ -500,24 +564,28 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   }
 };
 
-NodeRegistry::NodeRegistry(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NodeRegistry::NodeRegistry(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
 NodeRegistry::~NodeRegistry() = default;
 
 absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
-    const NodeRegistryOptions& options, store::Store* store, BundleStore* bundles) {
+    const NodeRegistryOptions& options, store::Store* store,
+    BundleStore* bundles) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->store = store;
   impl->bundles = bundles;
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+                           &port);
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   builder.RegisterService(impl.get());
   impl->server = builder.BuildAndStart();
   if (!impl->server || port == 0)
-    return absl::UnavailableError(absl::StrCat("cannot listen for invokers on ", options.listen));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for invokers on ", options.listen));
   std::string host = options.listen.substr(0, options.listen.rfind(':'));
   if (host.empty()) host = "0.0.0.0";
   impl->address = absl::StrCat(host, ":", port);
@@ -536,11 +604,13 @@ void NodeRegistry::FunctionsChanged() {
   impl_->SendAssignments();
 }
 
-void NodeRegistry::Invoke(InvokeCall call, std::function<void(absl::StatusOr<InvokeResult>)> done) {
+void NodeRegistry::Invoke(
+    InvokeCall call, std::function<void(absl::StatusOr<InvokeResult>)> done) {
   impl_->Invoke(std::move(call), std::move(done));
 }
 
-uint64_t NodeRegistry::AvailableReplicas(const std::string& ns, const std::string& name) {
+uint64_t NodeRegistry::AvailableReplicas(const std::string& ns,
+                                         const std::string& name) {
   std::lock_guard<std::mutex> l(impl_->mu);
   impl_->LoadFnsLocked().IgnoreError();
   auto it = impl_->fns.find(Key(ns, name));
@@ -549,7 +619,8 @@ uint64_t NodeRegistry::AvailableReplicas(const std::string& ns, const std::strin
   uint64_t total = 0;
   for (auto& [n, node] : impl_->nodes) {
     auto c = node->counts.find(Key(ns, name));
-    if (c != node->counts.end() && c->second.generation() == gen) total += c->second.ready();
+    if (c != node->counts.end() && c->second.generation() == gen)
+      total += c->second.ready();
   }
   return total;
 }
@@ -560,13 +631,15 @@ std::vector<NodeInfo> NodeRegistry::Nodes() {
   for (auto& [n, node] : impl_->nodes) {
     uint32_t instances = 0;
     for (auto& [k, c] : node->counts) instances += c.ready();
-    out.push_back({node->name, node->address, node->cores, node->memory, node->memory_used, instances});
+    out.push_back({node->name, node->address, node->cores, node->memory,
+                   node->memory_used, instances});
   }
   return out;
 }
 
-void NodeRegistry::Logs(const std::string& ns, const std::string& name, int64_t since, int64_t tail,
-                        bool follow, const std::function<bool(const LogRecord&)>& emit,
+void NodeRegistry::Logs(const std::string& ns, const std::string& name,
+                        int64_t since, int64_t tail, bool follow,
+                        const std::function<bool(const LogRecord&)>& emit,
                         const std::function<bool()>& stop) {
   impl_->Logs(ns, name, since, tail, follow, emit, stop);
 }

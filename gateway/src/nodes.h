@@ -1,6 +1,6 @@
-// The gateway's view of the invokers: the Control gRPC service they connect to, their
-// load, the per-node assignment of replicas, and the invoke path to a chosen node.
-// gRPC stays inside nodes.cc.
+// The gateway's view of the invokers: the Control gRPC service they connect to,
+// their load, the per-node assignment of replicas, and the invoke path to a
+// chosen node. gRPC stays inside nodes.cc.
 #ifndef SILT_GATEWAY_NODES_H_
 #define SILT_GATEWAY_NODES_H_
 
@@ -62,25 +62,27 @@ struct NodeRegistryOptions {
 
 class NodeRegistry {
  public:
-  static absl::StatusOr<std::unique_ptr<NodeRegistry>> Start(const NodeRegistryOptions& options,
-                                                             store::Store* store,
-                                                             BundleStore* bundles);
+  static absl::StatusOr<std::unique_ptr<NodeRegistry>> Start(
+      const NodeRegistryOptions& options, store::Store* store,
+      BundleStore* bundles);
   ~NodeRegistry();
 
   std::string address() const;
-  // The function table changed (deploy, update, delete, scale, secret): rebuild the
-  // specs and send every node its new assignment.
+  // The function table changed (deploy, update, delete, scale, secret): rebuild
+  // the specs and send every node its new assignment.
   void FunctionsChanged();
-  // Routes one call to a node. `done` runs on a gRPC thread. NotFound: no such function;
-  // Unavailable: no node can run it; DeadlineExceeded: it timed out.
-  void Invoke(InvokeCall call, std::function<void(absl::StatusOr<InvokeResult>)> done);
+  // Routes one call to a node. `done` runs on a gRPC thread. NotFound: no such
+  // function; Unavailable: no node can run it; DeadlineExceeded: it timed out.
+  void Invoke(InvokeCall call,
+              std::function<void(absl::StatusOr<InvokeResult>)> done);
   // Instances of the function's current version that are up, over all nodes.
   uint64_t AvailableReplicas(const std::string& ns, const std::string& name);
   std::vector<NodeInfo> Nodes();
-  // Collects log lines from every node (blocking; with follow, until `stop` or the
-  // emit callback returns false).
-  void Logs(const std::string& ns, const std::string& name, int64_t since, int64_t tail,
-            bool follow, const std::function<bool(const LogRecord&)>& emit,
+  // Collects log lines from every node (blocking; with follow, until `stop` or
+  // the emit callback returns false).
+  void Logs(const std::string& ns, const std::string& name, int64_t since,
+            int64_t tail, bool follow,
+            const std::function<bool(const LogRecord&)>& emit,
             const std::function<bool()>& stop);
 
  private:
@@ -89,7 +91,8 @@ class NodeRegistry {
   std::unique_ptr<Impl> impl_;
 };
 
-// Kubernetes quantities: "128Mi" → 134217728 bytes; "500m" CPU → 500 millicores.
+// Kubernetes quantities: "128Mi" → 134217728 bytes; "500m" CPU → 500
+// millicores.
 absl::StatusOr<uint64_t> ParseMemoryQuantity(absl::string_view q);
 absl::StatusOr<uint64_t> ParseCpuMillis(absl::string_view q);
 

@@ -286,7 +286,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     int busy = 0;
     int starting = 0;
     int waiting = 0;
-    int filling = 0;  // of `starting`, those started by Fill (no caller waits for them)
+    int filling =
+        0;  // of `starting`, those started by Fill (no caller waits for them)
     uint32_t min_instances = 0;
     std::condition_variable cv;
   };
@@ -531,8 +532,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       }
       int total =
           pool.busy + pool.starting + static_cast<int>(pool.idle.size());
-      // Start an instance for this call unless one that the pool is filling in (for its
-      // minimum) will be free for it.
+      // Start an instance for this call unless one that the pool is filling in
+      // (for its minimum) will be free for it.
       if (total < MaxInstances(pool.spec) && pool.filling <= pool.waiting) {
         ++pool.starting;
         l.unlock();
@@ -873,8 +874,15 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         ctx.TryCancel();
         reader.join();
       }
-      stream->Finish().IgnoreError();
+      grpc::Status st = stream->Finish();
       connect_ctx = nullptr;
+      if (!Stopping()) {
+        fprintf(stderr,
+                "silt-invoker: connection to the gateway at %s ended (%s); "
+                "retrying in %d ms\n",
+                options.gateway.c_str(), st.error_message().c_str(),
+                backoff_ms);
+      }
       std::unique_lock<std::mutex> l(stop_mu);
       stop_cv.wait_for(l, std::chrono::milliseconds(backoff_ms),
                        [&] { return stopping; });

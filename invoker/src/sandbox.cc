@@ -514,9 +514,9 @@ int ChildMain(void* arg) {
     if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
       ChildFail(a, 21);
   }
-  // Raw syscalls: glibc's wrappers broadcast id changes to every thread they believe
-  // exists, and the threads of the (multithreaded) parent do not exist here: they would
-  // wait for them forever.
+  // Raw syscalls: glibc's wrappers broadcast id changes to every thread they
+  // believe exists, and the threads of the (multithreaded) parent do not exist
+  // here: they would wait for them forever.
   if (syscall(SYS_setgroups, 0, nullptr) != 0) ChildFail(a, 22);
   if (syscall(SYS_setresgid, 65534, 65534, 65534) != 0) ChildFail(a, 23);
   if (syscall(SYS_setresuid, 65534, 65534, 65534) != 0) ChildFail(a, 24);

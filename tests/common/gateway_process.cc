@@ -26,7 +26,8 @@ absl::StatusOr<GatewayProcess> GatewayProcess::Start(
       g.process_.WaitForLine("metrics on ", std::chrono::seconds(30));
   if (!metrics.ok()) return metrics.status();
   g.metrics_url_ = "http://" + metrics->substr(11);
-  auto grpc = g.process_.WaitForLine("invokers connect to ", std::chrono::seconds(30));
+  auto grpc =
+      g.process_.WaitForLine("invokers connect to ", std::chrono::seconds(30));
   if (!grpc.ok()) return grpc.status();
   g.grpc_address_ = grpc->substr(20);
   auto line = g.process_.WaitForLine("listening on ", std::chrono::seconds(30));
@@ -52,7 +53,8 @@ std::string GatewayProcess::PushTestBundle(const std::string& name) const {
   m.entry = "cat";
   m.mode = "classic";
   m.name = name;
-  auto tar = proclets::PackBundle(m, {{"README", "test bundle " + name + "\n", 0644}});
+  auto tar =
+      proclets::PackBundle(m, {{"README", "test bundle " + name + "\n", 0644}});
   EXPECT_TRUE(tar.ok()) << tar.status();
   std::string digest = proclets::Sha256Digest(*tar);
   auto r = Call("POST", "/system/bundles?digest=" + digest, *tar);

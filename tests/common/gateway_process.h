@@ -19,14 +19,17 @@ class GatewayProcess {
 
   const std::string& url() const { return url_; }  // http://127.0.0.1:PORT
   const std::string& metrics_url() const { return metrics_url_; }
-  const std::string& grpc_address() const { return grpc_address_; }  // for invokers
+  const std::string& grpc_address() const {
+    return grpc_address_;
+  }                              // for invokers
   std::string password() const;  // from DATA_DIR/secrets/basic-auth-password
   std::string auth_header() const;
   Process& process() { return process_; }
   int Stop(int sig) { return process_.Stop(sig); }
 
   // One request; with_auth adds the admin credentials.
-  // Pushes a small exec bundle (classic mode, `cat`) and returns "NAME@sha256:...".
+  // Pushes a small exec bundle (classic mode, `cat`) and returns
+  // "NAME@sha256:...".
   std::string PushTestBundle(const std::string& name = "test") const;
 
   deploy::HttpResult Call(const std::string& method, const std::string& path,

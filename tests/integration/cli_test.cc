@@ -121,7 +121,9 @@ functions:
       << r.out;
 
   auto s = json::parse(gw_->Call("GET", "/system/function/hello").body);
-  EXPECT_TRUE(absl::StartsWith(s["image"].get<std::string>(), "hello:latest@sha256:")) << s;
+  EXPECT_TRUE(
+      absl::StartsWith(s["image"].get<std::string>(), "hello:latest@sha256:"))
+      << s;
   EXPECT_EQ(s["envProcess"], "sh handler.sh");
   EXPECT_EQ(s["envVars"],
             json({{"FROM_FILE", "yes"}, {"OVERRIDDEN", "inline"}}));
@@ -220,7 +222,8 @@ TEST_F(CliTest, Namespaces) {
   r = Silt({"namespace", "list"});
   EXPECT_TRUE(absl::StrContains(r.out, " - openfaas-fn")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, " - dev")) << r.out;
-  r = Silt({"deploy", "--image", gw_->PushTestBundle("img"), "--name", "fn", "-n", "dev"});
+  r = Silt({"deploy", "--image", gw_->PushTestBundle("img"), "--name", "fn",
+            "-n", "dev"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "/function/fn.dev")) << r.out;
   r = Silt({"namespace", "remove", "dev"});

@@ -153,7 +153,8 @@ TEST_F(GatewayApiTest, DeployEchoesExactlyWhatWasDeployed) {
 }
 
 TEST_F(GatewayApiTest, UpdateReplacesSpecAndUnknownUpdateIs404) {
-  Deploy({{"service", "fn"}, {"image", Img("img:1")}, {"envVars", {{"A", "1"}}}});
+  Deploy(
+      {{"service", "fn"}, {"image", Img("img:1")}, {"envVars", {{"A", "1"}}}});
   json created = Status("fn");
   auto r = Call("PUT", "/system/functions",
                 json({{"service", "fn"}, {"image", Img("img:2")}}).dump());
@@ -199,13 +200,15 @@ TEST_F(GatewayApiTest, DeployErrors) {
        400, "com.openfaas.scale.min"},
   };
   std::string unknown = "sha256:" + std::string(64, 'b');
-  for (const auto& c : {Case{R"({"service":"fn","image":"docker.io/library/nginx:1"})", 400,
-                             "is not a Silt bundle"},
-                        Case{R"({"service":"fn","image":"fn@)" + unknown + R"("})", 400,
-                             "is not in this gateway's bundle store"}}) {
+  for (const auto& c :
+       {Case{R"({"service":"fn","image":"docker.io/library/nginx:1"})", 400,
+             "is not a Silt bundle"},
+        Case{R"({"service":"fn","image":"fn@)" + unknown + R"("})", 400,
+             "is not in this gateway's bundle store"}}) {
     auto r = Call("POST", "/system/functions", c.body);
     EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;
-    EXPECT_TRUE(absl::StrContains(r.body, c.message)) << c.body << " -> " << r.body;
+    EXPECT_TRUE(absl::StrContains(r.body, c.message))
+        << c.body << " -> " << r.body;
   }
   for (const auto& c : cases) {
     auto r = Call("POST", "/system/functions", c.body);
@@ -230,7 +233,8 @@ TEST_F(GatewayApiTest, BundlesAreContentAddressedAndVerified) {
   gw_->PushTestBundle("b1");
   EXPECT_EQ(json::parse(Call("GET", "/system/bundles").body).size(), 1u);
 
-  auto r = Call("POST", "/system/bundles?digest=sha256:" + std::string(64, 'c'), "garbage");
+  auto r = Call("POST", "/system/bundles?digest=sha256:" + std::string(64, 'c'),
+                "garbage");
   EXPECT_EQ(r.status, 400);
   EXPECT_TRUE(absl::StrContains(r.body, "digest mismatch")) << r.body;
   r = Call("POST", "/system/bundles", "garbage");

@@ -36,10 +36,11 @@ struct HttpCall {
 // successful result.
 absl::StatusOr<HttpResult> Send(const HttpCall& call);
 
-// Like Send, but hands the body to `on_data` as it arrives (log streams); stops when
-// on_data returns false. Returns the status code.
-absl::StatusOr<int> SendStreaming(const HttpCall& call,
-                                  const std::function<bool(absl::string_view)>& on_data);
+// Like Send, but hands the body to `on_data` as it arrives (log streams); stops
+// when on_data returns false. Returns the status code.
+absl::StatusOr<int> SendStreaming(
+    const HttpCall& call,
+    const std::function<bool(absl::string_view)>& on_data);
 
 // Normalises a gateway URL as faas-cli does: lower case, http:// when no
 // scheme, no trailing slash.

@@ -26,7 +26,8 @@ struct Options {
   std::chrono::milliseconds write_timeout{std::chrono::seconds(60)};
   // Longest a function call may take (exec_timeout shortens it per function).
   std::chrono::milliseconds upstream_timeout{std::chrono::seconds(60)};
-  // An invoker silent for this long is dropped; its replicas move to the others.
+  // An invoker silent for this long is dropped; its replicas move to the
+  // others.
   std::chrono::milliseconds node_timeout{std::chrono::seconds(5)};
 };
 

@@ -1,0 +1,97 @@
+// A function that does what its path asks: the integration tests' probe.
+#include <sched.h>
+#include <silt/function.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+std::string Param(std::string_view query, std::string_view key) {
+  size_t pos = 0;
+  while (pos <= query.size()) {
+    size_t amp = query.find('&', pos);
+    std::string_view kv = query.substr(
+        pos, amp == std::string_view::npos ? query.npos : amp - pos);
+    size_t eq = kv.find('=');
+    if (kv.substr(0, eq) == key)
+      return std::string(eq == kv.npos ? "" : kv.substr(eq + 1));
+    if (amp == std::string_view::npos) break;
+    pos = amp + 1;
+  }
+  return "";
+}
+
+std::string init_state;
+
+void Init(silt::Context& ctx) {
+  init_state = "initialized:" + std::string(ctx.function_name());
+}
+
+silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
+  std::string_view path = req.path;
+  if (path == "/env") {
+    const char* v = getenv(Param(req.query, "name").c_str());
+    return silt::Response::Text(200, v ? v : "<unset>");
+  }
+  if (path == "/secret") {
+    return silt::Response::Text(
+        200, ctx.Secret(Param(req.query, "name")).value_or("<none>"));
+  }
+  if (path == "/alloc") {
+    size_t mb = std::strtoul(Param(req.query, "mb").c_str(), nullptr, 10);
+    std::vector<char*> blocks;
+    for (size_t i = 0; i < mb; ++i) {
+      char* b = static_cast<char*>(malloc(1 << 20));
+      memset(b, 1, 1 << 20);
+      blocks.push_back(b);
+    }
+    for (char* b : blocks) free(b);
+    return silt::Response::Text(200,
+                                "allocated " + std::to_string(mb) + " MiB");
+  }
+  if (path == "/forbidden") {
+    syscall(SYS_unshare, CLONE_NEWUSER);  // not on the seccomp allow list
+    return silt::Response::Text(200, "still alive?");
+  }
+  if (path == "/sleep") {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::stoi(Param(req.query, "ms"))));
+    return silt::Response::Text(200, "slept");
+  }
+  if (path == "/crash") abort();
+  if (path == "/log") {
+    ctx.Log(Param(req.query, "text"));
+    return silt::Response::Text(200, "logged");
+  }
+  if (path == "/redirect") return {302, {{"Location", "/elsewhere"}}, ""};
+  if (path == "/state") return silt::Response::Text(200, init_state);
+  if (path == "/identity")
+    return silt::Response::Text(200, std::string(ctx.instance_id()));
+  // Echo: what the function saw.
+  silt::Response res;
+  res.status = 200;
+  res.headers.emplace_back("X-Method", std::string(req.method));
+  res.headers.emplace_back("X-Path", std::string(req.path));
+  res.headers.emplace_back("X-Query", std::string(req.query));
+  res.headers.emplace_back("X-Seen-Call-Id",
+                           std::string(req.Header("X-Call-Id")));
+  res.headers.emplace_back("X-Seen-Forwarded-For",
+                           std::string(req.Header("X-Forwarded-For")));
+  res.headers.emplace_back("X-Seen-Custom",
+                           std::string(req.Header("X-Custom")));
+  res.headers.emplace_back("X-Call-Id-In-Context", std::string(ctx.call_id()));
+  res.body = std::string(req.body);
+  return res;
+}
+
+}  // namespace
+
+SILT_INIT(Init)
+SILT_HANDLER(Handle)

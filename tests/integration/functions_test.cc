@@ -1,0 +1,377 @@
+// Functions end to end: real silt-gateway and silt-invoker processes on
+// loopback, functions built, pushed and deployed with the `silt` CLI, called
+// over HTTP as a user would.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/gateway_process.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace silt::testing {
+namespace {
+
+using nlohmann::json;
+
+// Polls `cond` until it holds or `timeout` passes. The only waiting the tests
+// do: on state that the daemons change in the background (load reports, idle
+// reaping).
+bool Eventually(const std::function<bool()>& cond,
+                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return cond();
+}
+
+class FunctionsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (geteuid() != 0) return;
+    // One build of the probe function for the whole suite.
+    suite_dir_ = MakeTempDir("silt-fn-suite");
+    std::ofstream(suite_dir_ + "/stack.yml")
+        << "version: 1.0\nprovider:\n  name: openfaas\n"
+        << "functions:\n  probe:\n    lang: cpp\n"
+        << "    handler: " << SILT_SOURCE_DIR
+        << "/tests/functions/probe\n    image: probe\n";
+    auto r =
+        RunCommand({SILT_CLI_BIN, "build", "-f", suite_dir_ + "/stack.yml"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+  static void TearDownTestSuite() {
+    if (!suite_dir_.empty()) std::filesystem::remove_all(suite_dir_);
+  }
+
+  void SetUp() override {
+    if (geteuid() != 0)
+      GTEST_SKIP() << "instances run in namespaces and cgroups: run as root";
+    dir_ = MakeTempDir("silt-fn");
+    auto gw =
+        GatewayProcess::Start(dir_ + "/gateway", {"--node-timeout-ms", "1000"});
+    ASSERT_TRUE(gw.ok()) << gw.status();
+    gw_ = std::make_unique<GatewayProcess>(*std::move(gw));
+    auto r = Silt({"login", "--password-stdin"}, gw_->password());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    StartInvoker("node-a");
+    WaitNodes(1);
+    r = Silt({"push", "-f", suite_dir_ + "/stack.yml"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    image_ = "probe@" + r.out.substr(r.out.find("sha256:"), 71);
+  }
+  void TearDown() override {
+    invokers_.clear();
+    gw_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  RunResult Silt(std::vector<std::string> args, const std::string& input = "") {
+    args.insert(args.begin(), SILT_CLI_BIN);
+    return RunCommand(
+        args, input,
+        {{"OPENFAAS_CONFIG", dir_ + "/config"}, {"OPENFAAS_URL", gw_->url()}});
+  }
+
+  void StartInvoker(const std::string& name) {
+    auto p = Process::Start({SILT_INVOKER_BIN, "--gateway", gw_->grpc_address(),
+                             "--listen", "127.0.0.1:0", "--data-dir",
+                             dir_ + "/" + name, "--node-name", name,
+                             "--idle-timeout", "1", "--report-interval-ms",
+                             "100", "--max-queue", "1"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto line = p->WaitForLine("listening on ", std::chrono::seconds(30));
+    ASSERT_TRUE(line.ok()) << line.status();
+    invokers_[name] = std::make_unique<Process>(*std::move(p));
+  }
+
+  void WaitNodes(size_t n) {
+    deploy::HttpResult last;
+    ASSERT_TRUE(Eventually([&] {
+      last = gw_->Call("GET", "/system/nodes");
+      return last.status == 200 && json::parse(last.body).size() == n;
+    })) << "expected "
+        << n << " invokers registered; /system/nodes: " << last.status << " "
+        << last.body;
+  }
+
+  void Deploy(json d) {
+    if (!d.contains("image")) d["image"] = image_;
+    auto r = gw_->Call("PUT", "/system/functions", d.dump());
+    if (r.status == 404) r = gw_->Call("POST", "/system/functions", d.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+
+  uint64_t Available(const std::string& name) {
+    auto r = gw_->Call("GET", "/system/function/" + name);
+    if (r.status != 200) return 0;
+    return json::parse(r.body).value("availableReplicas", uint64_t{0});
+  }
+
+  deploy::HttpResult Invoke(const std::string& method, const std::string& path,
+                            const std::string& body = "",
+                            const deploy::Headers& headers = {}) {
+    return gw_->Call(method, path, body, /*with_auth=*/false, headers);
+  }
+
+  static std::string suite_dir_;
+  std::string dir_;
+  std::string image_;
+  std::unique_ptr<GatewayProcess> gw_;
+  std::map<std::string, std::unique_ptr<Process>> invokers_;
+};
+
+std::string FunctionsTest::suite_dir_;
+
+TEST_F(FunctionsTest, NativeFunctionThroughTheGateway) {
+  ASSERT_EQ(gw_->Call("POST", "/system/secrets",
+                      R"({"name":"api-key","value":"k3y"})")
+                .status,
+            201);
+  Deploy({{"service", "probe"},
+          {"envVars", {{"GREETING", "hi"}}},
+          {"secrets", {"api-key"}}});
+
+  auto r = Invoke("POST", "/function/probe/a/b?x=1&y=2", "payload",
+                  {{"X-Custom", "c1"}, {"Content-Type", "application/json"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "payload");
+  EXPECT_EQ(r.Header("X-Method"), "POST");
+  EXPECT_EQ(r.Header("X-Path"), "/a/b");
+  EXPECT_EQ(r.Header("X-Query"), "x=1&y=2");
+  EXPECT_EQ(r.Header("X-Seen-Custom"), "c1");
+  EXPECT_FALSE(r.Header("X-Seen-Call-Id").empty());
+  EXPECT_EQ(r.Header("X-Seen-Call-Id"), r.Header("X-Call-Id"));
+  EXPECT_EQ(r.Header("X-Call-Id-In-Context"), r.Header("X-Call-Id"));
+  EXPECT_TRUE(absl::StartsWith(r.Header("X-Seen-Forwarded-For"), "127.0.0.1:"));
+  EXPECT_EQ(r.Header("Content-Type"),
+            "application/json");  // the request's, as faasd does
+  EXPECT_FALSE(r.Header("X-Start-Time").empty());
+  EXPECT_TRUE(r.Header("X-Silt-Start") == "boot" ||
+              r.Header("X-Silt-Start") == "warm");
+  double ms = -1;
+  EXPECT_TRUE(absl::SimpleAtod(r.Header("X-Silt-Start-Ms"), &ms));
+
+  r = Invoke("GET", "/function/probe.openfaas-fn/state");
+  EXPECT_EQ(r.body, "initialized:probe");  // init ran before the first call
+  EXPECT_EQ(r.Header("X-Silt-Start"), "warm");
+  EXPECT_EQ(r.Header("Content-Type"), "text/plain; charset=utf-8");
+  EXPECT_EQ(Invoke("GET", "/function/probe/env?name=GREETING").body, "hi");
+  EXPECT_EQ(Invoke("GET", "/function/probe/secret?name=api-key").body, "k3y");
+
+  for (const char* m : {"GET", "PUT", "PATCH", "DELETE", "OPTIONS"}) {
+    r = Invoke(m, "/function/probe/", "");
+    EXPECT_EQ(r.status, 200) << m;
+    EXPECT_EQ(r.Header("X-Method"), m);
+    EXPECT_EQ(r.Header("X-Path"), "/");
+  }
+  r = Invoke("HEAD", "/function/probe");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "");
+
+  // Client-sent call ids reach the function and are not echoed back.
+  r = Invoke("GET", "/function/probe", "", {{"X-Call-Id", "mine-123"}});
+  EXPECT_EQ(r.Header("X-Seen-Call-Id"), "mine-123");
+  EXPECT_EQ(r.Header("X-Call-Id"), "");
+
+  // Redirects reach the client unfollowed.
+  r = Invoke("GET", "/function/probe/redirect");
+  EXPECT_EQ(r.status, 302);
+  EXPECT_EQ(r.Header("Location"), "/elsewhere");
+
+  // Large bodies go through whole; over the limit is 413.
+  std::string big(8 << 20, 'z');
+  big[12345] = 'q';
+  r = Invoke("POST", "/function/probe", big);
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, big);
+  r = Invoke("POST", "/function/probe", std::string(33 << 20, 'x'));
+  EXPECT_EQ(r.status, 413);
+
+  EXPECT_GE(Available("probe"), 1u);
+}
+
+TEST_F(FunctionsTest, MemoryLimitKillsOnlyThatInstance) {
+  Deploy({{"service", "probe"}, {"limits", {{"memory", "64Mi"}}}});
+  EXPECT_EQ(Invoke("GET", "/function/probe/alloc?mb=16").status, 200);
+  auto r = Invoke("GET", "/function/probe/alloc?mb=200");
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_TRUE(absl::StrContains(r.body, "out of memory")) << r.body;
+  r = Invoke("GET", "/function/probe/alloc?mb=16");
+  EXPECT_EQ(r.status, 200) << r.body;
+  auto logs = Silt({"logs", "probe"});
+  EXPECT_TRUE(absl::StrContains(logs.out, "out of memory"))
+      << logs.out << logs.err;
+}
+
+TEST_F(FunctionsTest, SeccompViolationAndCrashEndOnlyThatInstance) {
+  Deploy({{"service", "probe"}});
+  EXPECT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  auto r = Invoke("GET", "/function/probe/forbidden");
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_TRUE(absl::StrContains(r.body, "forbidden system call")) << r.body;
+  EXPECT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  r = Invoke("GET", "/function/probe/crash");
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_TRUE(absl::StrContains(r.body, "crashed with signal")) << r.body;
+  r = Invoke("GET", "/function/probe/state");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "initialized:probe");
+}
+
+TEST_F(FunctionsTest, ExecTimeoutIs504) {
+  Deploy({{"service", "probe"}, {"envVars", {{"exec_timeout", "500ms"}}}});
+  auto r = Invoke("GET", "/function/probe/sleep?ms=3000");
+  EXPECT_EQ(r.status, 504) << r.body;
+  EXPECT_EQ(Invoke("GET", "/function/probe/sleep?ms=1").status, 200);
+}
+
+TEST_F(FunctionsTest, FullQueueIs429) {
+  // One instance, one queued call (--max-queue 1): of four concurrent slow
+  // calls two run (one after the other) and two are refused.
+  Deploy({{"service", "probe"}, {"labels", {{"com.openfaas.scale.max", "1"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  std::atomic<int> ok{0}, busy{0}, other{0};
+  std::vector<std::thread> calls;
+  for (int i = 0; i < 4; ++i) {
+    calls.emplace_back([&] {
+      int s = Invoke("GET", "/function/probe/sleep?ms=1500").status;
+      (s == 200 ? ok : s == 429 ? busy : other)++;
+    });
+  }
+  for (auto& t : calls) t.join();
+  EXPECT_EQ(ok, 2);
+  EXPECT_EQ(busy, 2);
+  EXPECT_EQ(other, 0);
+}
+
+TEST_F(FunctionsTest, ScaleUpToZeroAndBackFromZero) {
+  Deploy({{"service", "probe"}});
+  EXPECT_TRUE(Eventually([&] { return Available("probe") == 1; }));
+  ASSERT_EQ(gw_->Call("POST", "/system/scale-function/probe",
+                      R"({"serviceName":"probe","replicas":3})")
+                .status,
+            200);
+  EXPECT_TRUE(Eventually([&] { return Available("probe") == 3; }))
+      << Available("probe");
+  ASSERT_EQ(gw_->Call("POST", "/system/scale-function/probe",
+                      R"({"serviceName":"probe","replicas":0})")
+                .status,
+            200);
+  // Idle instances are reaped after the invoker's idle timeout (1 s here).
+  EXPECT_TRUE(Eventually([&] { return Available("probe") == 0; }))
+      << Available("probe");
+  auto r = Invoke("GET", "/function/probe/state");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "initialized:probe");
+  EXPECT_EQ(r.Header("X-Silt-Start"), "boot");  // scaled from zero
+}
+
+TEST_F(FunctionsTest, KilledInvokerItsFunctionsMoveToTheOther) {
+  StartInvoker("node-b");
+  WaitNodes(2);
+  Deploy({{"service", "probe"}, {"labels", {{"com.openfaas.scale.min", "2"}}}});
+  EXPECT_TRUE(Eventually([&] { return Available("probe") == 2; }))
+      << Available("probe");
+  auto nodes = json::parse(gw_->Call("GET", "/system/nodes").body);
+  for (const auto& n : nodes)
+    EXPECT_EQ(n["instances"], 1) << n;  // spread over both
+
+  invokers_["node-a"]->Stop(SIGKILL);
+  invokers_.erase("node-a");
+  WaitNodes(1);
+  // Both replicas now live on node-b, and calls keep working.
+  EXPECT_TRUE(Eventually([&] { return Available("probe") == 2; }))
+      << Available("probe");
+  for (int i = 0; i < 5; ++i) {
+    auto r = Invoke("GET", "/function/probe/state");
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+}
+
+TEST_F(FunctionsTest, LogsFollow) {
+  Deploy({{"service", "probe"}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/log?text=first-line").status, 200);
+  auto r = Silt({"logs", "probe", "-o", "raw"});
+  EXPECT_TRUE(absl::StrContains(r.out, "first-line\n")) << r.out << r.err;
+
+  auto follower = Process::Start(
+      {SILT_CLI_BIN, "logs", "probe", "--tail", "-o", "raw"},
+      {{"OPENFAAS_CONFIG", dir_ + "/config"}, {"OPENFAAS_URL", gw_->url()}});
+  ASSERT_TRUE(follower.ok());
+  ASSERT_TRUE(
+      follower->WaitForLine("first-line", std::chrono::seconds(10)).ok());
+  ASSERT_EQ(Invoke("GET", "/function/probe/log?text=followed-line").status,
+            200);
+  EXPECT_TRUE(
+      follower->WaitForLine("followed-line", std::chrono::seconds(10)).ok())
+      << follower->output();
+  follower->Stop(SIGTERM);
+
+  auto raw = gw_->Call("GET", "/system/logs?name=probe&tail=1");
+  EXPECT_EQ(raw.Header("Content-Type"), "application/x-ndjson");
+  auto line = json::parse(raw.body.substr(0, raw.body.find('\n')));
+  EXPECT_EQ(line["name"], "probe");
+  EXPECT_EQ(line["namespace"], "openfaas-fn");
+  EXPECT_TRUE(line["timestamp"].get<std::string>().ends_with("Z"));
+}
+
+TEST_F(FunctionsTest, ExamplesDeployAndAnswer) {
+  std::string examples = std::string(SILT_SOURCE_DIR) + "/examples";
+  std::string work = dir_ + "/examples";
+  std::filesystem::copy(examples, work,
+                        std::filesystem::copy_options::recursive);
+  for (const char* ex : {"hello", "lookup", "python", "python-http"}) {
+    auto r = Silt({"up", "-f", work + "/" + ex + "/stack.yml"});
+    ASSERT_EQ(r.exit_code, 0) << ex << ": " << r.out << r.err;
+  }
+  auto r = Invoke("POST", "/function/hello", "Silt");
+  EXPECT_EQ(r.body, "Hello, Silt!\n");
+  r = Invoke("POST", "/function/primes", "97");
+  EXPECT_EQ(r.body, "97 is prime (prime number 25)\n");
+  r = Invoke("POST", "/function/primes", "91");
+  EXPECT_EQ(r.body, "91 is not prime\n");
+  r = Invoke("POST", "/function/wordcount/x", "one two three\nfour\n");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto wc = json::parse(r.body);
+  EXPECT_EQ(wc["words"], 4);
+  EXPECT_EQ(wc["lines"], 2);
+  EXPECT_EQ(wc["path"], "/x");
+  r = Invoke("POST", "/function/greeter/path", "Ada");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(absl::StartsWith(r.body, "Hi Ada, I have answered")) << r.body;
+  EXPECT_TRUE(absl::StrContains(r.body, "at /path")) << r.body;
+  auto second = Invoke("GET", "/function/greeter");
+  EXPECT_TRUE(absl::StartsWith(second.body, "Hi stranger")) << second.body;
+}
+
+TEST(SiltLocal, StartsGatewayAndInvokerAndStopsCleanly) {
+  if (geteuid() != 0) GTEST_SKIP() << "the invoker needs root";
+  std::string dir = MakeTempDir("silt-local");
+  auto p = Process::Start({SILT_CLI_BIN, "local", "--data-dir", dir, "--listen",
+                           "127.0.0.1:0", "--no-auth"});
+  ASSERT_TRUE(p.ok());
+  auto line = p->WaitForLine("listening on ", std::chrono::seconds(30));
+  ASSERT_TRUE(line.ok()) << line.status();
+  std::string url = "http://" + line->substr(13);
+  auto r = deploy::Send({.url = url + "/system/nodes"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(json::parse(r->body).size(), 1u);
+  int status = p->Stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace silt::testing
