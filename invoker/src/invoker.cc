@@ -270,6 +270,7 @@ struct Instance {
 struct Invoker::Impl final : public v1::Invoker::Service {
   Options options;
   std::string node_name;
+  std::string cgroup_id;  // names this invoker's cgroups: silt/<id>/<instance>
   std::string address;
   std::unique_ptr<grpc::Server> server;
   std::shared_ptr<grpc::Channel> gateway_channel;
@@ -429,7 +430,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (!spec.env_process().empty() && !spec.env().contains("fprocess"))
       sb.env.push_back("fprocess=" + spec.env_process());
     sb.hostname = spec.name();
-    sb.cgroup = absl::StrCat("silt/", node_name, "/", inst->id);
+    sb.cgroup = absl::StrCat("silt/", cgroup_id, "/", inst->id);
     sb.memory_limit_bytes = spec.memory_limit_bytes();
     sb.cpu_millis = spec.cpu_millis();
     sb.channel_fd = chan[1];
@@ -941,7 +942,19 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     gethostname(host, sizeof(host) - 1);
     impl->node_name = absl::StrCat(absl::AsciiStrToLower(host), "-", port);
   }
-  CleanupStaleCgroups("silt/" + impl->node_name);
+  // Cgroups are named after this data dir's stable id, not the node name: a restarted
+  // invoker finds (and cleans up) exactly what its predecessor left, and two invokers on
+  // one machine never touch each other's instances.
+  {
+    std::string id_file = options.data_dir + "/node-id";
+    std::ifstream in(id_file);
+    std::getline(in, impl->cgroup_id);
+    if (impl->cgroup_id.empty()) {
+      impl->cgroup_id = RandomId(12);
+      std::ofstream(id_file) << impl->cgroup_id << "\n";
+    }
+  }
+  CleanupStaleCgroups("silt/" + impl->cgroup_id);
   impl->collector = std::make_unique<LogCollector>(&impl->logs);
 
   grpc::ChannelArguments args;
