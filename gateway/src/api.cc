@@ -689,6 +689,21 @@ absl::StatusOr<HttpResponse> Api::WriteSecret(const HttpRequest& req,
   }
   store::WriteBatch batch;
   batch.PutSecret({*ns, secret->name, secret->value});
+  if (update) {
+    // Functions using the secret get a new generation in the same batch: their
+    // instances are replaced by ones that see the new value.
+    auto fns = store_->ListFunctions(*ns);
+    if (!fns.ok()) return fns.status();
+    for (auto& rec : *fns) {
+      auto d = LoadDeployment(rec);
+      if (!d.ok()) continue;
+      if (std::find(d->secrets.begin(), d->secrets.end(), secret->name) ==
+          d->secrets.end())
+        continue;
+      rec.generation++;
+      batch.PutFunction(rec);
+    }
+  }
   if (auto s = store_->Write(batch); !s.ok()) return s;
   nodes_->FunctionsChanged();
   return HttpResponse::Empty(update ? 200 : 201);

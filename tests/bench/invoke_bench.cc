@@ -1,12 +1,13 @@
-// Warm invocation benchmark: throughput and p50/p99 latency of POST /function/hello through
-// Silt (gateway -> invoker -> sandboxed worker), against two baselines measured in the same
-// run: a minimal HTTP server returning the same body (the physical limit on this machine)
-// and one nginx reverse-proxy hop in front of it (the cost of a single hop).
+// Warm invocation benchmark: throughput and p50/p99 latency of POST
+// /function/hello through Silt (gateway -> invoker -> sandboxed worker),
+// against two baselines measured in the same run: a minimal HTTP server
+// returning the same body (the physical limit on this machine) and one nginx
+// reverse-proxy hop in front of it (the cost of a single hop).
 //
 //   sudo build/tests/bench/bench_invoke [--seconds 3] [--concurrency 1,32]
 //
-// Prints a table and ratio lines (silt / nginx). Needs root (instances run sandboxed) and
-// nginx (deploy/setup.sh installs nginx-light).
+// Prints a table and ratio lines (silt / nginx). Needs root (instances run
+// sandboxed) and nginx (deploy/setup.sh installs nginx-light).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -29,9 +30,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/process.h"
@@ -59,8 +60,9 @@ int Listen(int* port) {
 }
 
 [[noreturn]] void Serve(int lfd) {
-  std::string response = absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n",
-                                       "Content-Length: ", strlen(kBody), "\r\n\r\n", kBody);
+  std::string response =
+      absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n",
+                   "Content-Length: ", strlen(kBody), "\r\n\r\n", kBody);
   int ep = epoll_create1(0);
   fcntl(lfd, F_SETFL, O_NONBLOCK);
   epoll_event ev{EPOLLIN, {.fd = lfd}};
@@ -73,7 +75,8 @@ int Listen(int* port) {
       int fd = events[i].data.fd;
       if (fd == lfd) {
         int c;
-        while ((c = accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+        while ((c = accept4(lfd, nullptr, nullptr,
+                            SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
           int one = 1;
           setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
           epoll_event e{EPOLLIN, {.fd = c}};
@@ -96,8 +99,10 @@ int Listen(int* port) {
         size_t len = 0;
         std::string head = b.substr(0, end);
         for (absl::string_view line : absl::StrSplit(head, "\r\n")) {
-          if (line.size() > 15 && strncasecmp(line.data(), "content-length:", 15) == 0)
-            (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(15)), &len);
+          if (line.size() > 15 &&
+              strncasecmp(line.data(), "content-length:", 15) == 0)
+            (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(15)),
+                                   &len);
         }
         if (b.size() < end + 4 + len) break;
         b.erase(0, end + 4 + len);
@@ -129,9 +134,11 @@ int Connect(int port) {
   return fd;
 }
 
-// One request/response on a keep-alive connection; false on any error or non-200.
+// One request/response on a keep-alive connection; false on any error or
+// non-200.
 bool RoundTrip(int fd, const std::string& request, std::string& buf) {
-  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size()))
+  if (write(fd, request.data(), request.size()) !=
+      static_cast<ssize_t>(request.size()))
     return false;
   buf.clear();
   size_t need = std::string::npos;
@@ -144,9 +151,12 @@ bool RoundTrip(int fd, const std::string& request, std::string& buf) {
       size_t end = buf.find("\r\n\r\n");
       if (end == std::string::npos) continue;
       size_t len = 0;
-      for (absl::string_view line : absl::StrSplit(buf.substr(0, end), "\r\n")) {
-        if (line.size() > 15 && strncasecmp(line.data(), "content-length:", 15) == 0)
-          (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(15)), &len);
+      for (absl::string_view line :
+           absl::StrSplit(buf.substr(0, end), "\r\n")) {
+        if (line.size() > 15 &&
+            strncasecmp(line.data(), "content-length:", 15) == 0)
+          (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(15)),
+                                 &len);
       }
       need = end + 4 + len;
     }
@@ -154,9 +164,11 @@ bool RoundTrip(int fd, const std::string& request, std::string& buf) {
   }
 }
 
-Result Load(int port, const std::string& path, int concurrency, double seconds) {
-  std::string request = absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n",
-                                     "Content-Type: text/plain\r\nContent-Length: 4\r\n\r\nSilt");
+Result Load(int port, const std::string& path, int concurrency,
+            double seconds) {
+  std::string request =
+      absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+                   "Content-Type: text/plain\r\nContent-Length: 4\r\n\r\nSilt");
   // Warm up: every connection once, and a short burst.
   std::vector<std::vector<uint32_t>> lat(concurrency);
   std::atomic<uint64_t> errors{0};
@@ -177,7 +189,9 @@ Result Load(int port, const std::string& path, int concurrency, double seconds) 
           continue;
         }
         lat[c].push_back(static_cast<uint32_t>(
-            std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count()));
+            std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() -
+                                                                  t0)
+                .count()));
       }
       if (fd >= 0) close(fd);
     });
@@ -222,7 +236,8 @@ int main(int argc, char** argv) {
     }
   }
   if (geteuid() != 0) {
-    fprintf(stderr, "bench_invoke: run as root (Silt's instances run sandboxed)\n");
+    fprintf(stderr,
+            "bench_invoke: run as root (Silt's instances run sandboxed)\n");
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
@@ -240,22 +255,29 @@ int main(int argc, char** argv) {
   int nginx_port = FreePort();
   fs::create_directories(dir + "/nginx/logs");
   std::ofstream(dir + "/nginx/nginx.conf")
-      << "worker_processes 1;\ndaemon off;\nerror_log " << dir << "/nginx/logs/error.log;\n"
-      << "pid " << dir << "/nginx/nginx.pid;\nevents { worker_connections 1024; }\n"
-      << "http {\n  access_log off;\n  upstream base { server 127.0.0.1:" << base_port
-      << "; keepalive 64; }\n  server {\n    listen 127.0.0.1:" << nginx_port << ";\n"
+      << "worker_processes 1;\ndaemon off;\nerror_log " << dir
+      << "/nginx/logs/error.log;\n"
+      << "pid " << dir
+      << "/nginx/nginx.pid;\nevents { worker_connections 1024; }\n"
+      << "http {\n  access_log off;\n  upstream base { server 127.0.0.1:"
+      << base_port
+      << "; keepalive 64; }\n  server {\n    listen 127.0.0.1:" << nginx_port
+      << ";\n"
       << "    location / { proxy_pass http://base; proxy_http_version 1.1;\n"
       << "      proxy_set_header Connection \"\"; }\n  }\n}\n";
-  auto nginx = silt::testing::Process::Start(
-      {"/usr/sbin/nginx", "-p", dir + "/nginx", "-c", dir + "/nginx/nginx.conf"});
+  auto nginx =
+      silt::testing::Process::Start({"/usr/sbin/nginx", "-p", dir + "/nginx",
+                                     "-c", dir + "/nginx/nginx.conf"});
   if (!nginx.ok()) {
-    fprintf(stderr, "cannot start nginx: %s\n", std::string(nginx.status().message()).c_str());
+    fprintf(stderr, "cannot start nginx: %s\n",
+            std::string(nginx.status().message()).c_str());
     return 2;
   }
 
   // 3. Silt: `silt local` with the hello example deployed by `silt up`.
   auto silt = silt::testing::Process::Start(
-      {SILT_CLI_BIN, "local", "--data-dir", dir + "/silt", "--listen", "127.0.0.1:0", "--no-auth"});
+      {SILT_CLI_BIN, "local", "--data-dir", dir + "/silt", "--listen",
+       "127.0.0.1:0", "--no-auth"});
   auto line = silt->WaitForLine("listening on ", std::chrono::seconds(60));
   if (!line.ok()) {
     fprintf(stderr, "silt local did not start\n");
@@ -265,9 +287,10 @@ int main(int argc, char** argv) {
   int silt_port = std::atoi(silt_addr.substr(silt_addr.rfind(':') + 1).c_str());
   fs::copy(std::string(SILT_SOURCE_DIR) + "/examples/hello", dir + "/hello",
            fs::copy_options::recursive);
-  auto up = silt::testing::RunCommand({SILT_CLI_BIN, "up", "-f", dir + "/hello/stack.yml"}, "",
-                                      {{"OPENFAAS_URL", "http://" + silt_addr},
-                                       {"OPENFAAS_CONFIG", dir + "/cfg"}});
+  auto up = silt::testing::RunCommand(
+      {SILT_CLI_BIN, "up", "-f", dir + "/hello/stack.yml"}, "",
+      {{"OPENFAAS_URL", "http://" + silt_addr},
+       {"OPENFAAS_CONFIG", dir + "/cfg"}});
   if (up.exit_code != 0) {
     fprintf(stderr, "silt up failed:\n%s%s\n", up.out.c_str(), up.err.c_str());
     return 2;
@@ -277,9 +300,10 @@ int main(int argc, char** argv) {
   // Each target warms up for a moment before it is measured.
   for (int port : {base_port, nginx_port}) Load(port, "/", 1, 0.3);
 
-  printf("warm invoke, %.1f s per run, body \"Silt\" -> \"%s\"\n\n", seconds, "Hello, Silt!\\n");
-  printf("%-6s %-14s %12s %10s %10s %8s\n", "conns", "target", "req/s", "p50 us", "p99 us",
-         "errors");
+  printf("warm invoke, %.1f s per run, body \"Silt\" -> \"%s\"\n\n", seconds,
+         "Hello, Silt!\\n");
+  printf("%-6s %-14s %12s %10s %10s %8s\n", "conns", "target", "req/s",
+         "p50 us", "p99 us", "errors");
   std::vector<std::string> ratios;
   for (int c : levels) {
     Result base_r = Load(base_port, "/", c, seconds);
@@ -287,15 +311,18 @@ int main(int argc, char** argv) {
     Result silt_r = Load(silt_port, "/function/hello", c, seconds);
     for (auto& [name, r] : std::vector<std::pair<const char*, Result>>{
              {"direct", base_r}, {"nginx-1-hop", nginx_r}, {"silt", silt_r}}) {
-      printf("%-6d %-14s %12.0f %10.0f %10.0f %8lu\n", c, name, r.rps, r.p50_us, r.p99_us,
-             static_cast<unsigned long>(r.errors));
+      printf("%-6d %-14s %12.0f %10.0f %10.0f %8lu\n", c, name, r.rps, r.p50_us,
+             r.p99_us, static_cast<unsigned long>(r.errors));
     }
-    ratios.push_back(absl::StrCat("throughput_silt_vs_nginx_c", c, "=",
-                                  absl::StrFormat("%.2f", silt_r.rps / nginx_r.rps)));
-    ratios.push_back(absl::StrCat("p50_nginx_over_silt_c", c, "=",
-                                  absl::StrFormat("%.2f", nginx_r.p50_us / silt_r.p50_us)));
-    ratios.push_back(absl::StrCat("throughput_silt_vs_direct_c", c, "=",
-                                  absl::StrFormat("%.2f", silt_r.rps / base_r.rps)));
+    ratios.push_back(
+        absl::StrCat("throughput_silt_vs_nginx_c", c, "=",
+                     absl::StrFormat("%.2f", silt_r.rps / nginx_r.rps)));
+    ratios.push_back(
+        absl::StrCat("p50_nginx_over_silt_c", c, "=",
+                     absl::StrFormat("%.2f", nginx_r.p50_us / silt_r.p50_us)));
+    ratios.push_back(
+        absl::StrCat("throughput_silt_vs_direct_c", c, "=",
+                     absl::StrFormat("%.2f", silt_r.rps / base_r.rps)));
   }
   printf("\n");
   for (const auto& r : ratios) printf("%s\n", r.c_str());

@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -172,6 +172,13 @@ TEST_F(FunctionsTest, NativeFunctionThroughTheGateway) {
   EXPECT_EQ(r.Header("Content-Type"), "text/plain; charset=utf-8");
   EXPECT_EQ(Invoke("GET", "/function/probe/env?name=GREETING").body, "hi");
   EXPECT_EQ(Invoke("GET", "/function/probe/secret?name=api-key").body, "k3y");
+  // Updating the secret replaces the instances: the next call sees the new
+  // value.
+  ASSERT_EQ(
+      gw_->Call("PUT", "/system/secrets", R"({"name":"api-key","value":"n3w"})")
+          .status,
+      200);
+  EXPECT_EQ(Invoke("GET", "/function/probe/secret?name=api-key").body, "n3w");
 
   for (const char* m : {"GET", "PUT", "PATCH", "DELETE", "OPTIONS"}) {
     r = Invoke(m, "/function/probe/", "");
