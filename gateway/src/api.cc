@@ -884,6 +884,9 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
                       request_ct.empty() ? "text/plain" : request_ct);
       }
       res.body = std::move(r->body);
+      if (!r->start_tier.empty())
+        metrics_->Start(fn, r->start_tier, r->start_ms / 1000);
+      if (!r->failure.empty()) metrics_->InstanceFailure(fn, r->failure);
       res.SetHeader("X-Silt-Start", r->start_tier);
       res.SetHeader("X-Silt-Start-Ms", absl::StrFormat("%.3f", r->start_ms));
     } else if (absl::IsNotFound(r.status())) {
@@ -951,6 +954,7 @@ absl::StatusOr<HttpResponse> Api::ListNodes() {
     out.push_back({{"name", n.name},
                    {"address", n.address},
                    {"cores", n.cores},
+                   {"gpus", n.gpus},
                    {"memoryBytes", n.memory_bytes},
                    {"memoryUsedBytes", n.memory_used_bytes},
                    {"instances", n.instances}});

@@ -56,6 +56,19 @@ void Metrics::HttpRequest(absl::string_view method, absl::string_view route,
   http_seconds_[k].Observe(seconds);
 }
 
+void Metrics::Start(absl::string_view function, absl::string_view tier,
+                    double seconds) {
+  std::lock_guard<std::mutex> l(mu_);
+  start_seconds_[Key{std::string(function), std::string(tier)}].Observe(
+      seconds);
+}
+
+void Metrics::InstanceFailure(absl::string_view function,
+                              absl::string_view reason) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++failures_[Key{std::string(function), std::string(reason)}];
+}
+
 double Metrics::InvocationCount(absl::string_view function) const {
   std::lock_guard<std::mutex> l(mu_);
   double total = 0;
@@ -110,6 +123,24 @@ std::string Metrics::Render(
   for (const auto& [f, v] : replicas) {
     absl::StrAppend(&out, "gateway_service_count{function_name=\"", Escape(f),
                     "\"} ", v, "\n");
+  }
+  out +=
+      "# HELP silt_function_start_seconds Start cost of the instance that "
+      "served a call, by tier\n";
+  out += "# TYPE silt_function_start_seconds histogram\n";
+  for (const auto& [k, h] : start_seconds_) {
+    histogram("silt_function_start_seconds",
+              absl::StrCat("function_name=\"", Escape(k.first), "\",tier=\"",
+                           k.second, "\""),
+              h);
+  }
+  out +=
+      "# HELP silt_instance_failures_total Instances that died serving a call, "
+      "by reason\n";
+  out += "# TYPE silt_instance_failures_total counter\n";
+  for (const auto& [k, v] : failures_) {
+    absl::StrAppend(&out, "silt_instance_failures_total{function_name=\"",
+                    Escape(k.first), "\",reason=\"", k.second, "\"} ", v, "\n");
   }
   out += "# HELP provider_http_requests_total Total HTTP requests processed\n";
   out += "# TYPE provider_http_requests_total counter\n";

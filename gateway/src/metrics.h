@@ -22,6 +22,12 @@ class Metrics {
   void HttpRequest(absl::string_view method, absl::string_view route, int code,
                    double seconds);
   double InvocationCount(absl::string_view function) const;
+  // How an instance came to serve a call (warm, boot; fork, restore with
+  // snapshots) and what that start cost; instances that died serving a call
+  // (oom, seccomp, crash).
+  void Start(absl::string_view function, absl::string_view tier,
+             double seconds);
+  void InstanceFailure(absl::string_view function, absl::string_view reason);
 
   // The exposition text. `replicas` fills gateway_service_count.
   std::string Render(const std::map<std::string, uint64_t>& replicas) const;
@@ -44,6 +50,8 @@ class Metrics {
   std::map<std::array<std::string, 3>, uint64_t>
       http_total_;  // code, method, path
   std::map<std::array<std::string, 3>, Histogram> http_seconds_;
+  std::map<Key, Histogram> start_seconds_;  // (function, tier)
+  std::map<Key, uint64_t> failures_;        // (function, reason)
 };
 
 }  // namespace silt::gateway

@@ -87,7 +87,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   struct Node {
     std::string name, address;
     uint64_t session = 0;
-    uint32_t cores = 0;
+    uint32_t cores = 0, gpus = 0;
     uint64_t memory = 0, memory_used = 0;
     grpc::ServerContext* ctx = nullptr;
     grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream =
@@ -242,6 +242,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     node->name = reg.node_name();
     node->address = reg.address();
     node->cores = reg.capacity().cores();
+    node->gpus = reg.capacity().gpus();
     node->memory = reg.capacity().memory_bytes();
     node->ctx = ctx;
     node->stream = stream;
@@ -487,6 +488,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     out.start_tier = call->res.start_tier();
     out.start_ms = call->res.start_ms();
     out.instance = call->res.instance();
+    out.failure = call->res.failure();
     out.node = call->node->name;
     call->done(std::move(out));
   }
@@ -631,8 +633,8 @@ std::vector<NodeInfo> NodeRegistry::Nodes() {
   for (auto& [n, node] : impl_->nodes) {
     uint32_t instances = 0;
     for (auto& [k, c] : node->counts) instances += c.ready();
-    out.push_back({node->name, node->address, node->cores, node->memory,
-                   node->memory_used, instances});
+    out.push_back({node->name, node->address, node->cores, node->gpus,
+                   node->memory, node->memory_used, instances});
   }
   return out;
 }

@@ -38,6 +38,7 @@ struct InvokeResult {
   double start_ms = 0;
   std::string instance;
   std::string node;
+  std::string failure;  // oom | seccomp | crash when the instance died
 };
 
 struct LogRecord {
@@ -49,6 +50,7 @@ struct NodeInfo {
   std::string name;
   std::string address;
   uint32_t cores = 0;
+  uint32_t gpus = 0;
   uint64_t memory_bytes = 0;
   uint64_t memory_used_bytes = 0;
   uint32_t instances = 0;

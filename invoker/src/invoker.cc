@@ -23,11 +23,13 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "channel.h"
+#include "gpu/devices.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "proclets/bundle.h"
 #include "sandbox.h"
@@ -271,6 +273,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   Options options;
   std::string node_name;
   std::string cgroup_id;  // names this invoker's cgroups: silt/<id>/<instance>
+  uint32_t gpus = 0;  // GPUs found at start (reported; GPU proclets come later)
   std::string address;
   std::unique_ptr<grpc::Server> server;
   std::shared_ptr<grpc::Channel> gateway_channel;
@@ -644,6 +647,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
             absl::StrCat("function ", req->name(), " timed out after ",
                          timeout.count(), " ms"));
       }
+      res->set_failure(absl::StrContains(why, "out of memory") ? "oom"
+                       : absl::StrContains(why, "seccomp")     ? "seccomp"
+                                                               : "crash");
       res->set_status(502);
       res->set_body(absl::StrCat("function ", req->name(), " instance ", id,
                                  " ", why, "\n"));
@@ -847,6 +853,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       reg->set_node_name(node_name);
       reg->set_address(address);
       reg->mutable_capacity()->set_cores(std::thread::hardware_concurrency());
+      reg->mutable_capacity()->set_gpus(gpus);
       struct sysinfo si;
       if (sysinfo(&si) == 0)
         reg->mutable_capacity()->set_memory_bytes(
@@ -942,9 +949,9 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     gethostname(host, sizeof(host) - 1);
     impl->node_name = absl::StrCat(absl::AsciiStrToLower(host), "-", port);
   }
-  // Cgroups are named after this data dir's stable id, not the node name: a restarted
-  // invoker finds (and cleans up) exactly what its predecessor left, and two invokers on
-  // one machine never touch each other's instances.
+  // Cgroups are named after this data dir's stable id, not the node name: a
+  // restarted invoker finds (and cleans up) exactly what its predecessor left,
+  // and two invokers on one machine never touch each other's instances.
   {
     std::string id_file = options.data_dir + "/node-id";
     std::ifstream in(id_file);
@@ -956,6 +963,8 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
   }
   CleanupStaleCgroups("silt/" + impl->cgroup_id);
   impl->collector = std::make_unique<LogCollector>(&impl->logs);
+  if (auto devices = gpu::ListDevices(); devices.ok())
+    impl->gpus = static_cast<uint32_t>(devices->size());
 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);

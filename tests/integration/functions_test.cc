@@ -238,6 +238,23 @@ TEST_F(FunctionsTest, SeccompViolationAndCrashEndOnlyThatInstance) {
   r = Invoke("GET", "/function/probe/state");
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body, "initialized:probe");
+
+  // Both deaths are counted, by reason, and start tiers are measured.
+  auto m = deploy::Send({.url = gw_->metrics_url() + "/metrics"});
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(absl::StrContains(
+      m->body,
+      "silt_instance_failures_total{function_name=\"probe.openfaas-"
+      "fn\",reason=\"seccomp\"} 1"))
+      << m->body;
+  EXPECT_TRUE(absl::StrContains(
+      m->body,
+      "silt_instance_failures_total{function_name=\"probe.openfaas-"
+      "fn\",reason=\"crash\"} 1"));
+  EXPECT_TRUE(absl::StrContains(
+      m->body,
+      "silt_function_start_seconds_count{function_name=\"probe."
+      "openfaas-fn\",tier=\"warm\"}"));
 }
 
 TEST_F(FunctionsTest, ExecTimeoutIs504) {
