@@ -5,10 +5,14 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/synchronization/mutex.h"
 #include "invoker/invoker.h"
 #include "silt/version.h"
 
 int main(int argc, char** argv) {
+  // gRPC's absl::Mutex runs deadlock detection unless told not to: measurable
+  // per call.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   silt::invoker::Options o;
   CLI::App app{"silt-invoker: the Silt node agent (runs function instances)"};
   app.set_version_flag("--version",

@@ -259,7 +259,8 @@ int main(int argc, char** argv) {
       << "/nginx/logs/error.log;\n"
       << "pid " << dir
       << "/nginx/nginx.pid;\nevents { worker_connections 1024; }\n"
-      << "http {\n  access_log off;\n  upstream base { server 127.0.0.1:"
+      << "http {\n  access_log off;\n  keepalive_requests 100000000;\n  "
+         "upstream base { server 127.0.0.1:"
       << base_port
       << "; keepalive 64; }\n  server {\n    listen 127.0.0.1:" << nginx_port
       << ";\n"
