@@ -61,22 +61,13 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view url) {
   return p;
 }
 
-}  // namespace
-
-absl::string_view HttpResult::Header(absl::string_view name) const {
-  for (const auto& [k, v] : headers) {
-    if (absl::EqualsIgnoreCase(k, name)) return v;
-  }
-  return {};
-}
-
-absl::StatusOr<HttpResult> Send(const HttpCall& call) {
+// Connects to the call's server and sends the request; the caller reads the
+// answer.
+absl::Status Open(const HttpCall& call, beast::tcp_stream& stream) {
   auto url = ParseUrl(call.url);
   if (!url.ok()) return url.status();
-  asio::io_context ioc;
-  beast::tcp_stream stream(ioc);
   beast::error_code ec;
-  tcp::resolver resolver(ioc);
+  tcp::resolver resolver(stream.get_executor());
   auto endpoints = resolver.resolve(url->host, url->port, ec);
   if (ec) {
     return absl::UnavailableError(
@@ -106,6 +97,23 @@ absl::StatusOr<HttpResult> Send(const HttpCall& call) {
     return absl::UnavailableError(absl::StrCat("sending ", call.method, " ",
                                                call.url, ": ", ec.message()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::string_view HttpResult::Header(absl::string_view name) const {
+  for (const auto& [k, v] : headers) {
+    if (absl::EqualsIgnoreCase(k, name)) return v;
+  }
+  return {};
+}
+
+absl::StatusOr<HttpResult> Send(const HttpCall& call) {
+  asio::io_context ioc;
+  beast::tcp_stream stream(ioc);
+  if (auto s = Open(call, stream); !s.ok()) return s;
+  beast::error_code ec;
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(std::numeric_limits<uint64_t>::max());
@@ -131,29 +139,12 @@ absl::StatusOr<HttpResult> Send(const HttpCall& call) {
 absl::StatusOr<int> SendStreaming(
     const HttpCall& call,
     const std::function<bool(absl::string_view)>& on_data) {
-  auto url = ParseUrl(call.url);
-  if (!url.ok()) return url.status();
   asio::io_context ioc;
   beast::tcp_stream stream(ioc);
+  if (auto s = Open(call, stream); !s.ok()) return s;
+  stream.expires_never();  // a followed stream lasts as long as the server
+                           // keeps it open
   beast::error_code ec;
-  tcp::resolver resolver(ioc);
-  auto endpoints = resolver.resolve(url->host, url->port, ec);
-  if (!ec) stream.connect(endpoints, ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot connect to ", url->host, ":", url->port, ": ", ec.message()));
-  }
-  http::request<http::string_body> req;
-  req.method_string(call.method);
-  req.target(url->target);
-  req.version(11);
-  req.set(http::field::host, absl::StrCat(url->host, ":", url->port));
-  req.set(http::field::user_agent, "silt-cli");
-  for (const auto& [k, v] : call.headers) req.set(k, v);
-  req.body() = call.body;
-  if (!call.body.empty()) req.prepare_payload();
-  http::write(stream, req, ec);
-  if (ec) return absl::UnavailableError(ec.message());
   beast::flat_buffer buffer;
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(std::numeric_limits<uint64_t>::max());
