@@ -454,6 +454,9 @@ int ChildMain(void* arg) {
 
   char go;
   if (read(4, &go, 1) != 1) ChildFail(a, 1);  // parent put us into the cgroup
+  // Our own session: a checkpoint must not depend on a session leader outside
+  // the sandbox.
+  if (setsid() < 0) ChildFail(a, 28);
 
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
     ChildFail(a, 2);
@@ -493,6 +496,10 @@ int ChildMain(void* arg) {
   if (chdir("/") != 0) ChildFail(a, 13);
   if (umount2("/.oldroot", MNT_DETACH) != 0) ChildFail(a, 14);
   if (rmdir("/.oldroot") != 0) ChildFail(a, 15);
+  // stdin: the sandbox's own /dev/null, so that no fd refers to a host mount.
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull < 0 || dup2(devnull, 0) < 0) ChildFail(a, 29);
+  close(devnull);
   if (mount(nullptr, "/", nullptr,
             MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) != 0)
     ChildFail(a, 16);
@@ -555,7 +562,9 @@ const char* StepName(int step) {
                                 "setresuid",
                                 "no_new_privs",
                                 "installing seccomp",
-                                "execve"};
+                                "execve",
+                                "setsid",
+                                "opening /dev/null"};
   return step > 0 && step < static_cast<int>(std::size(names)) ? names[step]
                                                                : "unknown step";
 }

@@ -77,7 +77,8 @@ class SandboxTest : public ::testing::Test {
 
 TEST_F(SandboxTest, IsolatedReadOnlyUnprivileged) {
   auto r = RunSh(
-      "echo pid=$$; echo host=$(hostname); echo uid=$(id -u); cat "
+      "echo pid=$$; echo sid=$(cut -d' ' -f6 /proc/1/stat); echo "
+      "host=$(hostname); echo uid=$(id -u); cat "
       "/var/silt/bundle/data.txt; "
       "echo; cat /var/openfaas/secrets/token; echo; "
       "touch /usr/x 2>/dev/null && echo usr-writable || echo usr-ro; "
@@ -91,6 +92,8 @@ TEST_F(SandboxTest, IsolatedReadOnlyUnprivileged) {
       "grep Seccomp: /proc/self/status");
   ASSERT_TRUE(WIFEXITED(r.status)) << r.status;
   EXPECT_TRUE(absl::StrContains(r.out, "pid=1\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "sid=1\n"))
+      << r.out;  // its own session (CRIU needs it)
   EXPECT_TRUE(absl::StrContains(r.out, "host=fn-test\n")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "uid=65534\n")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "bundle-data\n")) << r.out;
