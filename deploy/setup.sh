@@ -27,6 +27,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev nginx-light
   # runtimes
   containerd runc iproute2 busybox-static
+  # CRIU saves and restores network namespaces with iptables-save/-restore
+  iptables
   # CRIU build dependencies
   libprotobuf-c-dev protobuf-c-compiler libnl-3-dev libnet1-dev libcap-dev libbsd-dev
   libaio-dev uuid-dev libnftables-dev libgnutls28-dev python3-protobuf xz-utils
