@@ -272,7 +272,9 @@ struct Instance {
 struct Invoker::Impl final : public v1::Invoker::Service {
   Options options;
   std::string node_name;
-  std::string cgroup_id;  // names this invoker's cgroups: silt/<id>/<instance>
+  std::string cgroup_id;   // names this invoker's cgroups: silt/<id>/<instance>
+  std::string worker_dir;  // DATA_DIR/bin: a private copy of silt-worker, bound
+                           // into sandboxes
   uint32_t gpus = 0;  // GPUs found at start (reported; GPU proclets come later)
   std::string address;
   std::unique_ptr<grpc::Server> server;
@@ -424,7 +426,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     sb.root_dir = inst->root_dir;
     sb.bundle_dir = bundle.dir;
     sb.secrets_dir = inst->secrets_dir;
-    sb.worker_binary = options.worker_binary;
+    sb.worker_dir = worker_dir;
     sb.argv = {kSandboxWorkerPath};
     sb.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8",
               absl::StrCat("HOSTNAME=", spec.name())};
@@ -923,6 +925,21 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
   if (auto s = PrepareSeccomp(); !s.ok()) return s;
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir + "/bundles", ec);
+  // Sandboxes see a directory holding only silt-worker (CRIU cannot restore
+  // file bind mounts, so the binary is not bound on its own).
+  impl->worker_dir = options.data_dir + "/bin";
+  std::filesystem::create_directories(impl->worker_dir, ec);
+  std::filesystem::copy_file(
+      impl->options.worker_binary, impl->worker_dir + "/silt-worker.tmp",
+      std::filesystem::copy_options::overwrite_existing, ec);
+  if (!ec)
+    std::filesystem::rename(impl->worker_dir + "/silt-worker.tmp",
+                            impl->worker_dir + "/silt-worker", ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cannot copy silt-worker into ", impl->worker_dir, ": ", ec.message()));
+  }
+  chmod(impl->worker_dir.c_str(), 0755);
   std::filesystem::remove_all(options.data_dir + "/instances",
                               ec);  // from a dead invoker
   std::filesystem::create_directories(options.data_dir + "/instances", ec);

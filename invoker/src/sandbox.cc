@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -406,8 +407,13 @@ struct ChildArgs {
   struct Bind {
     const char* src;
     const char* dst;
-    bool is_file;
   } binds[kMaxMounts];
+  // /dev is a tmpfs of its own with these character devices (no file bind
+  // mounts: CRIU cannot restore those).
+  struct Dev {
+    const char* path;
+    unsigned minor;  // of major 1 (mem devices)
+  } devs[5];
   int bind_count;
   const char* mkdirs[32];
   int mkdir_count;
@@ -471,20 +477,19 @@ int ChildMain(void* arg) {
   }
   for (int i = 0; i < a->bind_count; ++i) {
     const auto& b = a->binds[i];
-    if (b.is_file) {
-      int fd = open(b.dst, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-      if (fd < 0) ChildFail(a, 6);
-      close(fd);
-    }
     if (mount(b.src, b.dst, nullptr, MS_BIND | MS_REC, nullptr) != 0)
       ChildFail(a, 7);
-    // /dev nodes stay writable (writing /dev/null is normal); everything else
-    // is read-only.
-    unsigned long flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_RDONLY;
-    if (b.is_file && strncmp(b.dst, a->dev_dir, strlen(a->dev_dir)) == 0) {
-      flags &= ~static_cast<unsigned long>(MS_RDONLY);
-    }
-    if (mount(nullptr, b.dst, nullptr, flags, nullptr) != 0) ChildFail(a, 8);
+    if (mount(nullptr, b.dst, nullptr,
+              MS_REMOUNT | MS_BIND | MS_NOSUID | MS_RDONLY, nullptr) != 0)
+      ChildFail(a, 8);
+  }
+  if (mount("dev", a->dev_dir, "tmpfs", MS_NOSUID | MS_NOEXEC,
+            "mode=0755,size=64k") != 0)
+    ChildFail(a, 6);
+  for (const auto& d : a->devs) {
+    if (mknod(d.path, S_IFCHR | 0666, makedev(1, d.minor)) != 0 ||
+        chmod(d.path, 0666) != 0)
+      ChildFail(a, 6);
   }
   if (mount("proc", a->proc_dir, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
             nullptr) != 0)
@@ -541,7 +546,7 @@ const char* StepName(int step) {
                                 "mounting the root tmpfs",
                                 "creating mount points",
                                 "creating symlinks",
-                                "creating a file mount point",
+                                "creating /dev",
                                 "bind mount",
                                 "read-only remount",
                                 "mounting /proc",
@@ -725,19 +730,30 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
       keep(spec.hostname.empty() ? "silt" : spec.hostname.substr(0, 63));
   a.proc_dir = keep(spec.root_dir + "/proc");
   a.tmp_dir = keep(spec.root_dir + "/tmp");
-  a.dev_dir = keep(spec.root_dir + "/dev/");
+  a.dev_dir = keep(spec.root_dir + "/dev");
+  {
+    int i = 0;
+    for (auto [name, minor] :
+         std::initializer_list<std::pair<const char*, unsigned>>{
+             {"null", 3},
+             {"zero", 5},
+             {"full", 7},
+             {"random", 8},
+             {"urandom", 9}}) {
+      a.devs[i++] = {keep(absl::StrCat(spec.root_dir, "/dev/", name)), minor};
+    }
+  }
   for (const char* d :
        {"/.oldroot", "/proc", "/tmp", "/dev", "/usr", "/etc", "/var",
         "/var/silt", "/var/silt/bin", "/var/silt/bundle", "/var/openfaas",
         "/var/openfaas/secrets"}) {
     a.mkdirs[a.mkdir_count++] = keep(spec.root_dir + d);
   }
-  auto bind = [&](const std::string& src, const std::string& dst,
-                  bool is_file) {
-    a.binds[a.bind_count++] = {keep(src), keep(spec.root_dir + dst), is_file};
+  auto bind = [&](const std::string& src, const std::string& dst) {
+    a.binds[a.bind_count++] = {keep(src), keep(spec.root_dir + dst)};
   };
-  bind("/usr", "/usr", false);
-  bind("/etc", "/etc", false);
+  bind("/usr", "/usr");
+  bind("/etc", "/etc");
   // Debian 12 merges /bin, /sbin, /lib* into /usr: keep them as links, else
   // bind them.
   for (const char* top :
@@ -751,15 +767,12 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
           keep(spec.root_dir + top)};
     } else {
       a.mkdirs[a.mkdir_count++] = keep(spec.root_dir + top);
-      bind(top, top, false);
+      bind(top, top);
     }
   }
-  for (const char* dev : {"null", "zero", "full", "random", "urandom"}) {
-    bind(absl::StrCat("/dev/", dev), absl::StrCat("/dev/", dev), true);
-  }
-  bind(spec.bundle_dir, kSandboxBundleDir, false);
-  bind(spec.secrets_dir, kSandboxSecretsDir, false);
-  bind(spec.worker_binary, kSandboxWorkerPath, true);
+  bind(spec.bundle_dir, kSandboxBundleDir);
+  bind(spec.secrets_dir, kSandboxSecretsDir);
+  bind(spec.worker_dir, kSandboxWorkerDir);
 
   std::vector<char*> argv, envp;
   for (const auto& s : spec.argv) argv.push_back(const_cast<char*>(keep(s)));

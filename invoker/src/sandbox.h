@@ -22,15 +22,17 @@ namespace silt::invoker {
 
 // Where things appear inside every sandbox.
 inline constexpr char kSandboxBundleDir[] = "/var/silt/bundle";
+inline constexpr char kSandboxWorkerDir[] = "/var/silt/bin";
 inline constexpr char kSandboxWorkerPath[] = "/var/silt/bin/silt-worker";
 inline constexpr char kSandboxSecretsDir[] = "/var/openfaas/secrets";
 
 struct SandboxSpec {
   std::string
       root_dir;  // empty host dir used as the mount point of the new root
-  std::string bundle_dir;         // host dir → kSandboxBundleDir (ro)
-  std::string secrets_dir;        // host dir → kSandboxSecretsDir (ro)
-  std::string worker_binary;      // host file → kSandboxWorkerPath (ro)
+  std::string bundle_dir;   // host dir → kSandboxBundleDir (ro)
+  std::string secrets_dir;  // host dir → kSandboxSecretsDir (ro)
+  std::string
+      worker_dir;  // host dir holding silt-worker → kSandboxWorkerDir (ro)
   std::vector<std::string> argv;  // argv[0] is the path inside the sandbox
   std::vector<std::string> env;   // KEY=VALUE
   std::string hostname;

@@ -47,7 +47,7 @@ class SandboxTest : public ::testing::Test {
     spec.root_dir = dir_ + "/root";
     spec.bundle_dir = dir_ + "/bundle";
     spec.secrets_dir = dir_ + "/secrets";
-    spec.worker_binary = "/bin/true";
+    spec.worker_dir = dir_ + "/bundle";
     spec.argv = {"/bin/sh", "-c", script};
     spec.env = {"PATH=/usr/bin:/bin"};
     spec.hostname = "fn-test";
@@ -88,6 +88,9 @@ TEST_F(SandboxTest, IsolatedReadOnlyUnprivileged) {
       "ls /sys/class/net 2>/dev/null | tr '\\n' ' '; cat /proc/net/dev | tail "
       "-n +3 | "
       "cut -d: -f1 | tr -d ' ' | tr '\\n' ','; echo; "
+      "echo x > /dev/null && echo devnull-ok; echo $(head -c 4 /dev/urandom | "
+      "wc -c) "
+      "random-bytes; "
       "grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status; "
       "grep Seccomp: /proc/self/status");
   ASSERT_TRUE(WIFEXITED(r.status)) << r.status;
@@ -101,6 +104,8 @@ TEST_F(SandboxTest, IsolatedReadOnlyUnprivileged) {
   EXPECT_TRUE(absl::StrContains(r.out, "usr-ro\n")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "bundle-ro\n")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "hi\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "devnull-ok\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "4 random-bytes\n")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "lo,\n")) << r.out;  // loopback only
   EXPECT_TRUE(absl::StrContains(r.out, "CapEff:\t0000000000000000")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "NoNewPrivs:\t1")) << r.out;
