@@ -62,6 +62,16 @@ struct Client {
   std::string gateway;
   std::string token;  // --token overrides the saved credentials
 
+  // --token as a bearer token, else the credentials `silt login` saved for the
+  // gateway.
+  void Authorize(HttpCall& call) const {
+    if (!token.empty()) {
+      call.headers.emplace_back("Authorization", "Bearer " + token);
+    } else if (auto a = AuthorizationFor(gateway)) {
+      call.headers.emplace_back("Authorization", *a);
+    }
+  }
+
   HttpResult Call(const std::string& method, const std::string& path,
                   const std::string& body = "", bool auth = true) const {
     HttpCall call;
@@ -70,13 +80,7 @@ struct Client {
     call.body = body;
     if (!body.empty())
       call.headers.emplace_back("Content-Type", "application/json");
-    if (auth) {
-      if (!token.empty()) {
-        call.headers.emplace_back("Authorization", "Bearer " + token);
-      } else if (auto a = AuthorizationFor(gateway)) {
-        call.headers.emplace_back("Authorization", *a);
-      }
-    }
+    if (auth) Authorize(call);
     auto r = Send(call);
     if (!r.ok()) {
       Fail(absl::StrCat("Cannot connect to OpenFaaS on URL: ", gateway, ". ",
@@ -328,10 +332,7 @@ void Version(const std::string& gateway_flag, const std::string& token,
   Client c{ResolveGateway(gateway_flag), token};
   HttpCall call;
   call.url = c.gateway + "/system/info";
-  if (auto a = AuthorizationFor(c.gateway))
-    call.headers.emplace_back("Authorization", *a);
-  if (!token.empty())
-    call.headers.emplace_back("Authorization", "Bearer " + token);
+  c.Authorize(call);
   auto r = Send(call);
   if (!r.ok() || r->status != 200) {
     std::cout << "\nGateway: unavailable at " << c.gateway
@@ -435,10 +436,7 @@ void Logs(const Client& c, const std::string& name, const std::string& ns,
   if (!since_rfc.empty()) q += "&since=" + UrlEncode(since_rfc);
   HttpCall call;
   call.url = c.gateway + "/system/logs" + q;
-  if (auto a = AuthorizationFor(c.gateway))
-    call.headers.emplace_back("Authorization", *a);
-  if (!c.token.empty())
-    call.headers.emplace_back("Authorization", "Bearer " + c.token);
+  c.Authorize(call);
   std::string pending, error_body;
   int status = 0;
   auto r = SendStreaming(call, [&](absl::string_view data) {

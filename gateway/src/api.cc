@@ -27,6 +27,15 @@ int64_t NowNanos() {
 }
 
 HttpResponse MethodNotAllowed() { return HttpResponse::Empty(405); }
+
+// What the OpenFaaS gateway answers for a call to an unknown function.
+HttpResponse FunctionNotFound(absl::string_view fn, absl::string_view name) {
+  return HttpResponse::Text(
+      404, absl::StrCat("error finding function ", fn,
+                        ": server returned non-200 status code (404) for "
+                        "function, ",
+                        name, ", body: "));
+}
 HttpResponse PageNotFound() {
   return HttpResponse::Text(404, "404 page not found");
 }
@@ -661,8 +670,10 @@ absl::StatusOr<HttpResponse> Api::ListSecrets(const HttpRequest& req) {
   return HttpResponse::Json(200, out.dump());
 }
 
-absl::StatusOr<HttpResponse> Api::WriteSecret(const HttpRequest& req,
-                                              bool update) {
+namespace {
+
+// The Secret body of POST/PUT/DELETE /system/secrets, with faasd's name checks.
+absl::StatusOr<Secret> ParseSecretRequest(const HttpRequest& req) {
   if (req.body.empty()) return absl::InvalidArgumentError("expected a body");
   auto secret = ParseSecret(req.body);
   if (!secret.ok()) return secret.status();
@@ -670,6 +681,15 @@ absl::StatusOr<HttpResponse> Api::WriteSecret(const HttpRequest& req,
     return absl::InvalidArgumentError("non-empty name is required");
   if (HasTraversal(secret->name))
     return absl::InvalidArgumentError("directory traversal found in name");
+  return secret;
+}
+
+}  // namespace
+
+absl::StatusOr<HttpResponse> Api::WriteSecret(const HttpRequest& req,
+                                              bool update) {
+  auto secret = ParseSecretRequest(req);
+  if (!secret.ok()) return secret.status();
   if (!IsRouteName(secret->name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("invalid secret name \"", secret->name,
@@ -710,13 +730,8 @@ absl::StatusOr<HttpResponse> Api::WriteSecret(const HttpRequest& req,
 }
 
 absl::StatusOr<HttpResponse> Api::DeleteSecret(const HttpRequest& req) {
-  if (req.body.empty()) return absl::InvalidArgumentError("expected a body");
-  auto secret = ParseSecret(req.body);
+  auto secret = ParseSecretRequest(req);
   if (!secret.ok()) return secret.status();
-  if (secret->name.empty())
-    return absl::InvalidArgumentError("non-empty name is required");
-  if (HasTraversal(secret->name))
-    return absl::InvalidArgumentError("directory traversal found in name");
   auto ns = ResolveNamespace(secret->ns, req);
   if (!ns.ok()) return ns.status();
   std::lock_guard<std::mutex> lock(write_mu_);
@@ -822,11 +837,7 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
   bool exists = !name.empty() && CheckNamespace(ns).ok() &&
                 store_->GetFunction(ns, name).ok();
   if (!exists) {
-    HttpResponse res = HttpResponse::Text(
-        404, absl::StrCat("error finding function ", fn,
-                          ": server returned non-200 status code (404) for "
-                          "function, ",
-                          name, ", body: "));
+    HttpResponse res = FunctionNotFound(fn, name);
     decorate(res);
     return res;
   }
@@ -890,11 +901,7 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
       res.SetHeader("X-Silt-Start", r->start_tier);
       res.SetHeader("X-Silt-Start-Ms", absl::StrFormat("%.3f", r->start_ms));
     } else if (absl::IsNotFound(r.status())) {
-      res = HttpResponse::Text(
-          404, absl::StrCat("error finding function ", fn,
-                            ": server returned non-200 status code (404) "
-                            "for function, ",
-                            name, ", body: "));
+      res = FunctionNotFound(fn, name);
     } else if (absl::IsUnavailable(r.status())) {
       res = HttpResponse::Text(
           503, absl::StrCat("No endpoints available for: ", name, "."));
