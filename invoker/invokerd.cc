@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   // gRPC's absl::Mutex runs deadlock detection unless told not to: measurable
   // per call.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (auto s = silt::invoker::PrepareProcess(); !s.ok())
+    std::cerr << "silt-invoker: " << s.message() << std::endl;
   silt::invoker::Options o;
   CLI::App app{"silt-invoker: the Silt node agent (runs function instances)"};
   app.set_version_flag("--version",
@@ -42,7 +44,16 @@ int main(int argc, char** argv) {
   app.add_option("--max-queue", o.max_queue_per_function,
                  "Queued calls per function before 429")
       ->capture_default_str();
+  bool no_snapshots = false;
+  app.add_flag("--no-snapshots", no_snapshots,
+               "Always boot instances (no checkpoints, restores or forks)");
+  uint64_t template_mib = o.template_memory_bytes >> 20;
+  app.add_option("--template-memory-mib", template_mib,
+                 "Memory for resident fork templates (0: no fork tier)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  o.snapshots = !no_snapshots;
+  o.template_memory_bytes = template_mib << 20;
   o.idle_timeout = std::chrono::seconds(idle_s);
   o.report_interval = std::chrono::milliseconds(report_ms);
 

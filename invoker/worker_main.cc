@@ -5,6 +5,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -80,6 +82,26 @@ std::string HeaderValue(const WorkerCall& c, absl::string_view name) {
   return "";
 }
 
+constexpr char kRunSocket[] = "/var/silt/run/s";
+
+// The C library's generators; C++ engines seeded from std::random_device in
+// init are the function's to reseed in its after-restore hook.
+void Reseed(uint64_t seed) {
+  srandom(static_cast<unsigned>(seed));
+  srand(static_cast<unsigned>(seed >> 32));
+  unsigned short x[3] = {static_cast<unsigned short>(seed),
+                         static_cast<unsigned short>(seed >> 16),
+                         static_cast<unsigned short>(seed >> 32)};
+  seed48(x);
+}
+
+// Children the worker starts must not inherit its blocked SIGUSR1.
+void UnblockSignals() {
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+}
+
 // ---- native ----
 
 class NativeRuntime {
@@ -106,6 +128,7 @@ class NativeRuntime {
       call.headers.emplace_back(h.name(), h.value());
     call.body = c.body();
     auto res = lib_->Handle(ctx_, call);
+    ctx_.call_id.clear();
     if (!res.ok()) return Error(500, std::string(res.status().message()));
     WorkerReply r;
     r.set_status(res->status);
@@ -116,6 +139,15 @@ class NativeRuntime {
     }
     r.set_body(std::move(res->body));
     return r;
+  }
+
+  void BeforePark() {}
+  // A restored or forked clone: its own identity and random state, then the
+  // function's after-restore hook.
+  void Resumed(const std::string& instance_id, uint64_t seed) {
+    ctx_.instance_id = instance_id;
+    Reseed(seed);
+    lib_->AfterRestore(ctx_);
   }
 
  private:
@@ -163,6 +195,7 @@ class ClassicRuntime {
     LogLine("Forking fprocess.");
     pid_t pid = fork();
     if (pid == 0) {
+      UnblockSignals();
       dup2(in[0], 0);
       dup2(out[1], 1);
       environ = envp.data();
@@ -263,6 +296,9 @@ class ClassicRuntime {
     return r;
   }
 
+  void BeforePark() {}
+  void Resumed(const std::string&, uint64_t seed) { Reseed(seed); }
+
  private:
   std::vector<std::string> argv_;
 };
@@ -290,6 +326,7 @@ class HttpRuntime {
     args.push_back(nullptr);
     server_ = fork();
     if (server_ == 0) {
+      UnblockSignals();
       execvp(args[0], args.data());
       fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
       _exit(127);
@@ -366,6 +403,10 @@ class HttpRuntime {
     return Error(502, "cannot reach the function server");
   }
 
+  // No connection may cross a checkpoint: the server's listening socket does.
+  void BeforePark() { stream_.reset(); }
+  void Resumed(const std::string&, uint64_t seed) { Reseed(seed); }
+
  private:
   absl::Status Connect() {
     auto s = std::make_unique<beast::tcp_stream>(ioc_);
@@ -383,6 +424,91 @@ class HttpRuntime {
   pid_t server_ = -1;
 };
 
+WorkerReply Ok(std::string body = "") {
+  WorkerReply r;
+  r.set_status(200);
+  r.set_body(std::move(body));
+  return r;
+}
+
+void NullStdio() {
+  int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+  dup2(null, 1);
+  dup2(null, 2);
+  close(null);
+}
+
+// The checkpoint point: nothing of the invoker stays open (CRIU could not
+// restore the channel, and the image must not hold it). The invoker dumps us
+// here, and wakes us (this process, a restored copy, or several) with
+// SIGUSR1; we then connect to the run directory the invoker bound for us.
+template <typename Runtime>
+bool ParkAndResume(Runtime& rt) {
+  close(kChannel);
+  NullStdio();
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  while (sigwaitinfo(&usr1, nullptr) != SIGUSR1) {
+  }
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, kRunSocket, sizeof(kRunSocket));
+  if (s < 0 ||
+      connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+    return false;
+  if (s != kChannel) {  // fd 3 is free: socket() usually returns it
+    dup3(s, kChannel, O_CLOEXEC);
+    close(s);
+  }
+  int fds[2];
+  if (!RecvFds(kChannel, fds, 2).ok()) return false;
+  dup2(fds[0], 1);
+  dup2(fds[1], 2);
+  close(fds[0]);
+  close(fds[1]);
+  WorkerCall resume;
+  if (!ReadFrame(kChannel, &resume).ok() || resume.op() != "resume")
+    return false;
+  rt.Resumed(resume.instance_id(), resume.seed());
+  v1::WorkerReady ready;
+  ready.set_ok(true);
+  return WriteFrame(kChannel, ready).ok();
+}
+
+// A fork template: each fork frame comes with the clone's channel and log
+// fds. Returns true in a clone (which then serves calls), false when the
+// template's channel closes.
+template <typename Runtime>
+bool TemplateLoop(Runtime& rt) {
+  signal(SIGCHLD, SIG_IGN);  // clones are reaped by the kernel
+  while (true) {
+    int fds[3];
+    if (!RecvFds(kChannel, fds, 3).ok()) return false;
+    WorkerCall fork_call;
+    if (!ReadFrame(kChannel, &fork_call).ok()) return false;
+    pid_t pid = fork();
+    if (pid == 0) {
+      signal(SIGCHLD, SIG_DFL);
+      dup3(fds[0], kChannel, O_CLOEXEC);
+      dup2(fds[1], 1);
+      dup2(fds[2], 2);
+      for (int fd : fds) close(fd);
+      rt.Resumed(fork_call.instance_id(), fork_call.seed());
+      v1::WorkerReady ready;
+      ready.set_ok(true);
+      if (!WriteFrame(kChannel, ready).ok()) _exit(0);
+      return true;
+    }
+    for (int fd : fds) close(fd);
+    WorkerReply r = pid > 0
+                        ? Ok(std::to_string(pid))
+                        : Error(500, std::string("fork: ") + strerror(errno));
+    if (!WriteFrame(kChannel, r).ok()) return false;
+  }
+}
+
 template <typename Runtime>
 int Serve(const WorkerConfig& cfg) {
   Runtime rt;
@@ -398,6 +524,17 @@ int Serve(const WorkerConfig& cfg) {
     WorkerCall call;
     absl::Status r = ReadFrame(kChannel, &call);
     if (!r.ok()) return 0;  // the invoker closed the channel: stop
+    if (call.op() == "park") {
+      rt.BeforePark();
+      if (!WriteFrame(kChannel, Ok()).ok()) return 0;
+      if (!ParkAndResume(rt)) return 0;
+      continue;
+    }
+    if (call.op() == "template") {
+      if (!WriteFrame(kChannel, Ok()).ok()) return 0;
+      if (!TemplateLoop(rt)) return 0;
+      continue;  // a clone
+    }
     WorkerReply reply = rt.Call(call);
     if (!WriteFrame(kChannel, reply).ok()) return 0;
   }
@@ -409,6 +546,12 @@ int Serve(const WorkerConfig& cfg) {
 int main() {
   using namespace silt::invoker;
   signal(SIGPIPE, SIG_IGN);
+  // SIGUSR1 ends a park (sigwaitinfo); blocked so it never kills us.
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  sigprocmask(SIG_BLOCK, &usr1, nullptr);
+  fcntl(kChannel, F_SETFD, FD_CLOEXEC);
   v1::WorkerConfig cfg;
   if (auto s = ReadFrame(kChannel, &cfg, std::chrono::seconds(30)); !s.ok()) {
     fprintf(stderr, "silt-worker: no configuration on fd 3: %s\n",

@@ -239,6 +239,72 @@ void Describe(const Client& c, const std::string& name, const std::string& ns) {
           : absl::StrJoin(secrets.get<std::vector<std::string>>(), ", "));
   PrintMap("Limits", f.value("limits", json::object()));
   PrintMap("Requests", f.value("requests", json::object()));
+  json labels = f.value("labels", json::object());
+  if (labels.is_object() && labels.value("com.silt.snapshot", "") == "false") {
+    row("Snapshot", "off (label com.silt.snapshot=false: always boots)");
+    return;
+  }
+  HttpResult sr = c.Call("GET", "/system/snapshots/" + UrlEncode(name) + q);
+  json snaps = json::parse(sr.body, nullptr, false);
+  std::string state = "none yet (the first cold start boots and takes it)";
+  if (sr.status == 200 && snaps.is_array()) {
+    for (const auto& sn : snaps) {
+      if (!sn.value("current", false)) continue;
+      auto nodes = sn.value("nodes", std::vector<std::string>{});
+      state = absl::StrFormat(
+          "ready (%s, %.1f MiB, on %s%s)", sn.value("id", ""),
+          static_cast<double>(sn.value("bytes", uint64_t{0})) / (1 << 20),
+          nodes.empty() ? "no online node" : absl::StrJoin(nodes, ", "),
+          sn.value("template", false) ? ", fork template resident" : "");
+    }
+  }
+  row("Snapshot", state);
+}
+
+void SnapshotList(const Client& c, const std::string& ns,
+                  const std::string& name, bool as_json) {
+  std::string path = "/system/snapshots";
+  if (!name.empty()) path += "/" + UrlEncode(name);
+  HttpResult r = c.Call("GET", path + NsQuery(ns));
+  if (r.status == 404) Fail(absl::StrCat("No such function: ", name));
+  if (r.status != 200)
+    Fail(absl::StrCat("server returned unexpected status code: ", r.status,
+                      " - ", Trimmed(r.body)));
+  json snaps = json::parse(r.body, nullptr, false);
+  if (!snaps.is_array())
+    Fail("cannot parse the snapshot list from the gateway");
+  if (as_json) {
+    std::cout << snaps.dump(2) << std::endl;
+    return;
+  }
+  std::cout << absl::StrFormat("%-36s\t%-20s\t%-10s\t%-8s\t%s\n", "Snapshot",
+                               "Function", "Size", "Template", "Nodes");
+  for (const auto& sn : snaps) {
+    auto nodes = sn.value("nodes", std::vector<std::string>{});
+    std::cout << absl::StrFormat(
+        "%-36s\t%-20s\t%-10s\t%-8s\t%s\n", sn.value("id", ""),
+        absl::StrCat(sn.value("name", ""), ".", sn.value("namespace", ""),
+                     sn.value("current", false) ? "" : " (old)"),
+        absl::StrFormat(
+            "%.1fMiB",
+            static_cast<double>(sn.value("bytes", uint64_t{0})) / (1 << 20)),
+        sn.value("template", false) ? "yes" : "no",
+        nodes.empty() ? "-" : absl::StrJoin(nodes, ","));
+  }
+}
+
+void SnapshotDelete(const Client& c, const std::string& ns,
+                    const std::string& name) {
+  HttpResult r =
+      c.Call("DELETE", "/system/snapshots/" + UrlEncode(name) + NsQuery(ns));
+  if (r.status == 404) Fail(absl::StrCat("No such function: ", name));
+  if (r.status != 200)
+    Fail(absl::StrCat("server returned unexpected status code: ", r.status,
+                      " - ", Trimmed(r.body)));
+  json out = json::parse(r.body, nullptr, false);
+  std::cout << "Deleted " << out.value("deleted", 0) << " snapshot(s) of "
+            << name << "; its next cold start boots and snapshots again."
+            << std::endl;
 }
 
 bool RemoveOne(const Client& c, const std::string& name,
@@ -783,6 +849,30 @@ int RunCli(int argc, char** argv) {
                    "Update existing functions in place (default), else create");
   deploy->add_flag("--envsubst,!--no-envsubst", envsubst,
                    "Substitute ${VAR} in the stack file (default on)");
+  bool no_snapshot = false;
+  deploy->add_flag("--no-snapshot", no_snapshot,
+                   "Always boot (label com.silt.snapshot=false): for functions "
+                   "whose state must not be cloned");
+
+  // snapshots
+  auto* snapshot_cmd =
+      app.add_subcommand("snapshot", "Inspect and delete function snapshots");
+  snapshot_cmd->require_subcommand(1);
+  auto* snap_list = snapshot_cmd->add_subcommand("list", "List snapshots");
+  snap_list->alias("ls");
+  gw_opt(snap_list);
+  ns_opt(snap_list);
+  auto* snap_inspect = snapshot_cmd->add_subcommand(
+      "inspect", "Show a function's snapshots (JSON)");
+  gw_opt(snap_inspect);
+  ns_opt(snap_inspect);
+  snap_inspect->add_option("NAME", name, "Function name")->required();
+  auto* snap_delete = snapshot_cmd->add_subcommand(
+      "delete", "Delete a function's snapshots on every node");
+  snap_delete->alias("rm");
+  gw_opt(snap_delete);
+  ns_opt(snap_delete);
+  snap_delete->add_option("NAME", name, "Function name")->required();
 
   // secrets
   auto* secret = app.add_subcommand("secret", "Manage secrets");
@@ -925,6 +1015,11 @@ int RunCli(int argc, char** argv) {
       List(Client{ResolveGateway(gateway), token}, ns, verbose, output);
     } else if (*describe) {
       Describe(Client{ResolveGateway(gateway), token}, name, ns);
+    } else if (*snapshot_cmd) {
+      Client c{ResolveGateway(gateway), token};
+      if (*snap_list) SnapshotList(c, ns, "", false);
+      if (*snap_inspect) SnapshotList(c, ns, name, true);
+      if (*snap_delete) SnapshotDelete(c, ns, name);
     } else if (*remove) {
       std::vector<std::pair<std::string, std::string>> targets;
       std::string stack_gateway;
@@ -971,6 +1066,7 @@ int RunCli(int argc, char** argv) {
       }
       StringMap extra_env = ParseKeyValues(env, "--env");
       StringMap extra_labels = ParseKeyValues(labels, "--label");
+      if (no_snapshot) extra_labels["com.silt.snapshot"] = "false";
       StringMap extra_annotations = ParseKeyValues(annotations, "--annotation");
       Client c{ResolveGateway(gateway, stack_gateway), token};
       int failed = 0;

@@ -300,6 +300,13 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
     if (m == "GET") return ListNodes();
     return MethodNotAllowed();
   }
+  if (head == "snapshots" && (!has_arg || IsRouteName(arg))) {
+    route = has_arg ? "/system/snapshots/{name}" : "/system/snapshots";
+    SILT_AUTH();
+    if (m == "GET") return ListSnapshots(req, has_arg ? arg : "");
+    if (m == "DELETE" && has_arg) return DeleteSnapshots(req, arg);
+    return MethodNotAllowed();
+  }
   if (head == "alert" && !has_arg) {
     route = "/system/alert";
     SILT_AUTH();
@@ -873,6 +880,14 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
     call.headers.emplace_back("X-Forwarded-For", req.remote);
   call.body = req.body;
   call.timeout = options_.upstream_timeout;
+  call.cold_start = std::string(req.Header("X-Silt-Cold-Start"));
+  if (!call.cold_start.empty() && call.cold_start != "boot" &&
+      call.cold_start != "restore" && call.cold_start != "fork") {
+    HttpResponse res = HttpResponse::Text(
+        400, "X-Silt-Cold-Start must be boot, restore or fork");
+    decorate(res);
+    return res;
+  }
   std::string request_ct(req.Header("Content-Type"));
 
   metrics_->InvocationStarted(fn);
@@ -952,6 +967,51 @@ absl::StatusOr<HttpResponse> Api::ListBundles() {
                    {"kind", b.manifest.kind},
                    {"name", b.manifest.name}});
   }
+  return HttpResponse::Json(200, out.dump());
+}
+
+absl::StatusOr<HttpResponse> Api::ListSnapshots(const HttpRequest& req,
+                                                absl::string_view name) {
+  std::string ns;
+  if (!name.empty() || !req.QueryParam("namespace").empty()) {
+    auto resolved = ResolveNamespace("", req);
+    if (!resolved.ok()) return resolved.status();
+    ns = *resolved;
+  }
+  if (!name.empty()) {
+    auto rec = store_->GetFunction(ns, name);
+    if (absl::IsNotFound(rec.status()))
+      return HttpResponse::Text(404,
+                                absl::StrCat("function ", name, " not found"));
+    if (!rec.ok()) return rec.status();
+  }
+  ordered_json out = ordered_json::array();
+  for (const auto& v : nodes_->Snapshots(ns, std::string(name))) {
+    out.push_back({{"id", v.id},
+                   {"name", v.name},
+                   {"namespace", v.ns},
+                   {"generation", v.generation},
+                   {"current", v.current},
+                   {"bytes", v.bytes},
+                   {"created", v.created_unix},
+                   {"checkpointMs", v.checkpoint_ms},
+                   {"nodes", v.nodes},
+                   {"template", v.template_resident}});
+  }
+  return HttpResponse::Json(200, out.dump());
+}
+
+absl::StatusOr<HttpResponse> Api::DeleteSnapshots(const HttpRequest& req,
+                                                  absl::string_view name) {
+  auto ns = ResolveNamespace("", req);
+  if (!ns.ok()) return ns.status();
+  auto rec = store_->GetFunction(*ns, name);
+  if (absl::IsNotFound(rec.status()))
+    return HttpResponse::Text(404,
+                              absl::StrCat("function ", name, " not found"));
+  if (!rec.ok()) return rec.status();
+  size_t n = nodes_->DeleteSnapshots(*ns, std::string(name));
+  ordered_json out = {{"deleted", n}};
   return HttpResponse::Json(200, out.dump());
 }
 

@@ -84,6 +84,10 @@ class Api {
   absl::StatusOr<HttpResponse> PushBundle(const HttpRequest& req);
   absl::StatusOr<HttpResponse> ListBundles();
   absl::StatusOr<HttpResponse> ListNodes();
+  absl::StatusOr<HttpResponse> ListSnapshots(const HttpRequest& req,
+                                             absl::string_view name);
+  absl::StatusOr<HttpResponse> DeleteSnapshots(const HttpRequest& req,
+                                               absl::string_view name);
 
   // Namespace from the body value, else the ?namespace= query, else the
   // default; it must exist and carry the openfaas=1 label.

@@ -96,8 +96,9 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Invoker::Stub> stub;
     Clock::time_point last_seen;
-    std::map<std::string, v1::InstanceCount> counts;  // by ns/name
-    std::map<std::string, int> inflight;              // by ns/name
+    std::map<std::string, v1::InstanceCount> counts;    // by ns/name
+    std::map<std::string, int> inflight;                // by ns/name
+    std::map<std::string, v1::SnapshotInfo> snapshots;  // by id
   };
 
   NodeRegistryOptions options;
@@ -280,6 +281,9 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       node->counts.clear();
       for (const auto& c : m.report().instances())
         node->counts[Key(c.namespace_(), c.name())] = c;
+      std::map<std::string, v1::SnapshotInfo> snaps;
+      for (const auto& sn : m.report().snapshots()) snaps[sn.id()] = sn;
+      RecordSnapshotsLocked(*node, std::move(snaps));
     }
     {
       std::lock_guard<std::mutex> l(mu);
@@ -292,6 +296,38 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       node->stream = nullptr;
     }
     SendAssignments();  // its replicas move to the remaining nodes
+    return grpc::Status::OK;
+  }
+
+  // The catalog in the store: key "<id>/<node>", value the SnapshotInfo.
+  // Written when a node's set changes.
+  void RecordSnapshotsLocked(Node& node,
+                             std::map<std::string, v1::SnapshotInfo> now) {
+    bool same = now.size() == node.snapshots.size();
+    for (const auto& [id, info] : now) {
+      auto it = node.snapshots.find(id);
+      same = same && it != node.snapshots.end() &&
+             it->second.template_resident() == info.template_resident();
+    }
+    if (same) return;
+    store::WriteBatch batch;
+    for (const auto& [id, info] : node.snapshots)
+      if (!now.contains(id))
+        batch.Delete(store::Table::kSnapshots, id + "/" + node.name);
+    for (const auto& [id, info] : now)
+      batch.Put(store::Table::kSnapshots, id + "/" + node.name,
+                info.SerializeAsString());
+    store->Write(batch).IgnoreError();  // the next report retries
+    node.snapshots = std::move(now);
+  }
+
+  grpc::Status FindSnapshot(grpc::ServerContext*,
+                            const v1::FindSnapshotRequest* req,
+                            v1::FindSnapshotResponse* res) override {
+    std::lock_guard<std::mutex> l(mu);
+    for (const auto& [n, node] : nodes)
+      if (node->snapshots.contains(req->id()))
+        res->add_addresses(node->address);
     return grpc::Status::OK;
   }
 
@@ -409,6 +445,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     }
     r.set_body(std::move(call->call.body));
     r.set_timeout_ms(static_cast<uint64_t>(call->call.timeout.count()));
+    r.set_cold_start(call->call.cold_start);
     Dispatch(call);
   }
 
@@ -637,6 +674,71 @@ std::vector<NodeInfo> NodeRegistry::Nodes() {
                    node->memory, node->memory_used, instances});
   }
   return out;
+}
+
+std::vector<SnapshotView> NodeRegistry::Snapshots(const std::string& ns,
+                                                  const std::string& name) {
+  auto rows = impl_->store->Scan(store::Table::kSnapshots, "");
+  std::lock_guard<std::mutex> l(impl_->mu);
+  impl_->LoadFnsLocked().IgnoreError();
+  std::map<std::string, SnapshotView> by_id;
+  if (!rows.ok()) return {};
+  for (const auto& [key, value] : *rows) {
+    v1::SnapshotInfo info;
+    if (!info.ParseFromString(value)) continue;
+    if (!ns.empty() && info.namespace_() != ns) continue;
+    if (!name.empty() && info.name() != name) continue;
+    std::string node = key.substr(key.find('/') + 1);
+    auto& v = by_id[info.id()];
+    v.id = info.id();
+    v.name = info.name();
+    v.ns = info.namespace_();
+    v.generation = info.generation();
+    v.bytes = info.bytes();
+    v.created_unix = info.created_unix();
+    v.checkpoint_ms = info.checkpoint_ms();
+    auto n = impl_->nodes.find(node);
+    if (n != impl_->nodes.end() && n->second->snapshots.contains(info.id())) {
+      v.nodes.push_back(node);
+      v.template_resident |= info.template_resident();
+    }
+    auto fn = impl_->fns.find(Key(v.ns, v.name));
+    v.current =
+        fn != impl_->fns.end() && fn->second->spec.generation() == v.generation;
+  }
+  std::vector<SnapshotView> out;
+  for (auto& [id, v] : by_id) out.push_back(std::move(v));
+  return out;
+}
+
+size_t NodeRegistry::DeleteSnapshots(const std::string& ns,
+                                     const std::string& name) {
+  auto views = Snapshots(ns, name);
+  if (views.empty()) return 0;
+  v1::GatewayMessage m;
+  store::WriteBatch batch;
+  auto rows = impl_->store->Scan(store::Table::kSnapshots, "");
+  for (const auto& v : views) {
+    m.mutable_delete_snapshots()->add_ids(v.id);
+    if (rows.ok())
+      for (const auto& [key, value] : *rows)
+        if (absl::StartsWith(key, v.id + "/"))
+          batch.Delete(store::Table::kSnapshots, key);
+  }
+  std::vector<std::shared_ptr<Impl::Node>> targets;
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    for (auto& [n, node] : impl_->nodes) {
+      for (const auto& v : views) node->snapshots.erase(v.id);
+      targets.push_back(node);
+    }
+  }
+  impl_->store->Write(batch).IgnoreError();
+  for (auto& node : targets) {
+    std::lock_guard<std::mutex> w(node->write_mu);
+    if (node->stream) node->stream->Write(m);
+  }
+  return views.size();
 }
 
 void NodeRegistry::Logs(const std::string& ns, const std::string& name,

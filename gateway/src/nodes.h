@@ -28,6 +28,7 @@ struct InvokeCall {
   HeaderList headers;
   std::string body;
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  std::string cold_start;  // X-Silt-Cold-Start: boot | restore | fork
 };
 
 struct InvokeResult {
@@ -56,6 +57,18 @@ struct NodeInfo {
   uint32_t instances = 0;
 };
 
+// One snapshot image and the nodes that hold it (the catalog).
+struct SnapshotView {
+  std::string id, name, ns;
+  uint64_t generation = 0;
+  uint64_t bytes = 0;
+  int64_t created_unix = 0;
+  double checkpoint_ms = 0;
+  std::vector<std::string> nodes;  // online nodes that hold it
+  bool template_resident = false;  // a fork template on some node
+  bool current = false;            // of the function's current version
+};
+
 struct NodeRegistryOptions {
   std::string listen = "127.0.0.1:8081";
   // A node that sends no report for this long is dropped and its replicas move.
@@ -80,6 +93,12 @@ class NodeRegistry {
   // Instances of the function's current version that are up, over all nodes.
   uint64_t AvailableReplicas(const std::string& ns, const std::string& name);
   std::vector<NodeInfo> Nodes();
+  // The snapshot catalog (namespace "" = all); with name, one function's.
+  std::vector<SnapshotView> Snapshots(const std::string& ns,
+                                      const std::string& name = "");
+  // Tells every node to drop the function's snapshots; returns how many
+  // catalog entries went.
+  size_t DeleteSnapshots(const std::string& ns, const std::string& name);
   // Collects log lines from every node (blocking; with follow, until `stop` or
   // the emit callback returns false).
   void Logs(const std::string& ns, const std::string& name, int64_t since,

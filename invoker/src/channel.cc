@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -82,6 +83,61 @@ absl::Status ReadFrame(int fd, google::protobuf::MessageLite* msg,
     return s;
   if (!msg->ParseFromString(buf))
     return absl::DataLossError("malformed channel message");
+  return absl::OkStatus();
+}
+
+absl::Status SendFds(int sock, const int* fds, int count) {
+  char marker = 'F';
+  iovec iov{&marker, 1};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * count));
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * count);
+  memcpy(CMSG_DATA(c), fds, sizeof(int) * count);
+  ssize_t n;
+  while ((n = sendmsg(sock, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+  }
+  if (n != 1)
+    return absl::UnavailableError(
+        absl::StrCat("passing descriptors: ", strerror(errno)));
+  return absl::OkStatus();
+}
+
+absl::Status RecvFds(int sock, int* fds, int count,
+                     std::chrono::milliseconds timeout) {
+  if (timeout.count() >= 0) {
+    pollfd p{sock, POLLIN, 0};
+    int r;
+    while ((r = poll(&p, 1, static_cast<int>(timeout.count()))) < 0 &&
+           errno == EINTR) {
+    }
+    if (r == 0) return absl::DeadlineExceededError("no descriptors in time");
+  }
+  char marker = 0;
+  iovec iov{&marker, 1};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * count));
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  ssize_t n;
+  while ((n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+  }
+  if (n <= 0)
+    return absl::UnavailableError("channel closed while passing descriptors");
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (c == nullptr || c->cmsg_type != SCM_RIGHTS ||
+      c->cmsg_len != CMSG_LEN(sizeof(int) * count) ||
+      (msg.msg_flags & MSG_CTRUNC))
+    return absl::DataLossError("expected descriptors on the channel");
+  memcpy(fds, CMSG_DATA(c), sizeof(int) * count);
   return absl::OkStatus();
 }
 

@@ -19,6 +19,15 @@ absl::Status ReadFrame(
     int fd, google::protobuf::MessageLite* msg,
     std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
+// Passes open file descriptors (SCM_RIGHTS) with one marker byte. Frames and
+// fd passes are not interleaved by either side: a pass comes before the frame
+// that needs it.
+absl::Status SendFds(int sock, const int* fds, int count);
+// Receives exactly `count` descriptors (close-on-exec) into `fds`.
+absl::Status RecvFds(
+    int sock, int* fds, int count,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+
 }  // namespace silt::invoker
 
 #endif  // SILT_INVOKER_CHANNEL_H_

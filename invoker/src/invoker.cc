@@ -2,11 +2,15 @@
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,10 +33,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "channel.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gpu/devices.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "proclets/bundle.h"
 #include "sandbox.h"
+#include "snapshot/criu.h"
+#include "snapshot/image.h"
 
 namespace silt::invoker {
 namespace {
@@ -249,23 +257,81 @@ struct Bundle {
   proclets::BundleManifest manifest;
 };
 
+struct Template;
+
 struct Instance {
   std::string id;
   std::unique_ptr<SandboxedProcess> proc;
   int channel = -1;
-  std::string root_dir;
-  std::string secrets_dir;
+  std::string base_dir;  // DATA_DIR/instances/<id>: root, secrets, run, work
   Clock::time_point last_used;
   bool fresh = true;  // has not served a call yet
   double start_ms = 0;
+  std::string tier;  // how it started: boot, restore, fork
+  // A clone keeps its template (and so its PID namespace) alive.
+  std::shared_ptr<Template> tmpl;
   ~Instance() {
     if (channel >= 0) close(channel);
+    if (proc) proc->Kill();
     proc.reset();
     std::error_code ec;
-    if (!root_dir.empty()) std::filesystem::remove_all(root_dir, ec);
-    if (!secrets_dir.empty()) std::filesystem::remove_all(secrets_dir, ec);
+    if (!base_dir.empty()) std::filesystem::remove_all(base_dir, ec);
   }
 };
+
+// A paused instance of one function version that forks clones.
+struct Template {
+  std::string snapshot_id;
+  std::unique_ptr<Instance> inst;
+  std::mutex fork_mu;  // one fork at a time on its channel
+  Clock::time_point last_used;
+};
+
+std::string SnapshotIdOf(const FunctionSpec& spec) {
+  FunctionSpec copy = spec;
+  copy.set_min_instances(0);
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    copy.SerializeToCodedStream(&coded);
+  }
+  std::string digest = proclets::Sha256Digest(bytes);  // sha256:<hex>
+  return absl::StrCat(spec.name(), "-", digest.substr(7, 20));
+}
+
+bool SnapshotsWanted(const FunctionSpec& spec) {
+  auto it = spec.labels().find("com.silt.snapshot");
+  return it == spec.labels().end() ||
+         !(it->second == "false" || it->second == "0" || it->second == "off");
+}
+
+// A listening socket at DIR/s (the worker's /var/silt/run/s).
+absl::StatusOr<int> ListenIn(const std::string& dir) {
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return absl::InternalError("socket failed");
+  std::string path = dir + "/s";
+  int dfd = -1;
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    dfd = open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    path = absl::StrCat("/proc/self/fd/", dfd, "/s");
+  }
+  unlink((dir + "/s").c_str());
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int rc = bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int err = errno;
+  if (dfd >= 0) close(dfd);
+  if (rc != 0 || listen(s, 4) != 0) {
+    close(s);
+    return absl::InternalError(
+        absl::StrCat("cannot listen in ", dir, ": ", strerror(err)));
+  }
+  chmod((dir + "/s").c_str(), 0600);
+  return s;
+}
 
 }  // namespace
 
@@ -296,11 +362,27 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         0;  // of `starting`, those started by Fill (no caller waits for them)
     uint32_t min_instances = 0;
     std::condition_variable cv;
+    // Snapshots of this version: its id, whether one is being taken, and the
+    // resident fork template, if any.
+    std::string snapshot_id;
+    bool snapshot_wanted = false;
+    bool forkable = false;  // exec http servers are not forked
+    bool checkpointing = false;
+    std::shared_ptr<Template> tmpl;
+    bool template_starting = false;
+    Clock::time_point template_retry_after;
   };
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Pool>> pools;  // key ns/name
   std::map<std::string, std::shared_ptr<Bundle>> bundles;
   std::map<std::string, std::shared_ptr<std::mutex>> bundle_locks;
+  // Snapshot images complete on this node, by id.
+  std::map<std::string, snapshot::Manifest> images;
+  std::map<std::string, std::shared_ptr<std::mutex>> image_locks;
+  std::string snapshot_dir;   // DATA_DIR/snapshots
+  bool snapshots_on = false;  // options.snapshots and CRIU 4.1+ present
+  int criu_version = 0;
+  bool have_assignment = false;
 
   std::mutex stop_mu;
   std::condition_variable stop_cv;
@@ -393,40 +475,70 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 
   // ---- instances ----
 
-  absl::StatusOr<std::unique_ptr<Instance>> StartInstance(
-      const FunctionSpec& spec, const Bundle& bundle) {
-    auto start = Clock::now();
+  // Creates DATA_DIR/instances/<id> with root/, secrets/ (the function's
+  // secrets), run/ and work/.
+  std::unique_ptr<Instance> NewInstance(const FunctionSpec& spec) {
     auto inst = std::make_unique<Instance>();
     inst->id = absl::StrCat(spec.name(), "-", RandomId(8));
-    std::string base = options.data_dir + "/instances/" + inst->id;
-    inst->root_dir = base + "/root";
-    inst->secrets_dir = base + "/secrets";
-    std::filesystem::create_directories(inst->root_dir);
-    std::filesystem::create_directories(inst->secrets_dir);
-    chmod(base.c_str(), 0755);
-    chmod(inst->secrets_dir.c_str(), 0755);
+    inst->base_dir = options.data_dir + "/instances/" + inst->id;
+    std::error_code ec;
+    for (const char* d : {"/root", "/secrets", "/run", "/work"})
+      std::filesystem::create_directories(inst->base_dir + d, ec);
+    chmod(inst->base_dir.c_str(), 0755);
+    chmod((inst->base_dir + "/secrets").c_str(), 0755);
+    chmod((inst->base_dir + "/run").c_str(), 0700);
     for (const auto& [name, value] : spec.secrets()) {
       if (name.find('/') != std::string::npos || name == ".." || name == ".")
         continue;
-      std::string path = inst->secrets_dir + "/" + name;
+      std::string path = inst->base_dir + "/secrets/" + name;
       std::ofstream(path, std::ios::binary) << value;
       chmod(path.c_str(), 0644);
     }
+    return inst;
+  }
 
-    int chan[2], out[2], err[2];
+  // Log pipes for an instance: returns the write ends; the read ends go to
+  // the collector.
+  absl::Status LogPipes(const FunctionSpec& spec, const std::string& id,
+                        int* out_w, int* err_w) {
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+    if (pipe2(err, O_CLOEXEC) != 0) {
+      close(out[0]);
+      close(out[1]);
+      return absl::InternalError("pipe failed");
+    }
+    std::string fn_key = Key(spec.namespace_(), spec.name());
+    collector->Add(out[0], fn_key, id);
+    collector->Add(err[0], fn_key, id);
+    *out_w = out[1];
+    *err_w = err[1];
+    return absl::OkStatus();
+  }
+
+  // Boot: a new sandbox, silt-worker, the function's init.
+  absl::StatusOr<std::unique_ptr<Instance>> StartInstance(
+      const FunctionSpec& spec, const Bundle& bundle,
+      bool snapshot_ready = false) {
+    auto start = Clock::now();
+    auto inst = NewInstance(spec);
+    inst->tier = "boot";
+    int chan[2], out_w, err_w;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) != 0)
       return absl::InternalError("socketpair failed");
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+    if (auto s = LogPipes(spec, inst->id, &out_w, &err_w); !s.ok()) {
       close(chan[0]);
       close(chan[1]);
-      return absl::InternalError("pipe failed");
+      return s;
     }
 
     SandboxSpec sb;
-    sb.root_dir = inst->root_dir;
+    sb.root_dir = inst->base_dir + "/root";
     sb.bundle_dir = bundle.dir;
-    sb.secrets_dir = inst->secrets_dir;
+    sb.secrets_dir = inst->base_dir + "/secrets";
     sb.worker_dir = worker_dir;
+    sb.snapshot_ready = snapshot_ready;
+    sb.run_dir = inst->base_dir + "/run";
     sb.argv = {kSandboxWorkerPath};
     sb.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8",
               absl::StrCat("HOSTNAME=", spec.name())};
@@ -439,15 +551,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     sb.memory_limit_bytes = spec.memory_limit_bytes();
     sb.cpu_millis = spec.cpu_millis();
     sb.channel_fd = chan[1];
-    sb.stdout_fd = out[1];
-    sb.stderr_fd = err[1];
+    sb.stdout_fd = out_w;
+    sb.stderr_fd = err_w;
     auto proc = Spawn(sb);
     close(chan[1]);
-    close(out[1]);
-    close(err[1]);
-    std::string fn_key = Key(spec.namespace_(), spec.name());
-    collector->Add(out[0], fn_key, inst->id);
-    collector->Add(err[0], fn_key, inst->id);
+    close(out_w);
+    close(err_w);
     inst->channel = chan[0];
     if (!proc.ok()) return proc.status();
     inst->proc = *std::move(proc);
@@ -499,6 +608,661 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     return "ended";
   }
 
+  // ---- snapshots ----
+
+  std::shared_ptr<std::mutex> ImageLock(const std::string& id) {
+    std::lock_guard<std::mutex> l(mu);
+    auto& m = image_locks[id];
+    if (!m) m = std::make_shared<std::mutex>();
+    return m;
+  }
+
+  std::string ImageDir(const std::string& id) {
+    return snapshot_dir + "/" + id;
+  }
+
+  std::vector<snapshot::ExternalMount> Mounts(const Instance& inst,
+                                              const Bundle& bundle) {
+    return {{kSandboxBundleDir, "bundle", bundle.dir},
+            {kSandboxSecretsDir, "secrets", inst.base_dir + "/secrets"},
+            {kSandboxWorkerDir, "bin", worker_dir},
+            {kSandboxRunDir, "run", inst.base_dir + "/run"}};
+  }
+
+  void DropImage(const std::string& id, const std::string& why) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      images.erase(id);
+    }
+    std::string dir = ImageDir(id);
+    std::string trash = absl::StrCat(snapshot_dir, "/.trash-", RandomId(8));
+    std::error_code ec;
+    if (std::filesystem::exists(dir, ec)) {
+      std::filesystem::rename(dir, trash, ec);
+      std::filesystem::remove_all(ec ? dir : trash, ec);
+    }
+    if (!why.empty())
+      fprintf(stderr, "silt-invoker: dropped snapshot %s: %s\n", id.c_str(),
+              why.c_str());
+  }
+
+  // Wakes a parked worker (SIGUSR1; it connects to run/s), hands it its log
+  // fds and identity, and waits for it to be ready.
+  absl::Status WakeAndResume(const FunctionSpec& spec, Instance& inst,
+                             pid_t pid, int listener) {
+    kill(pid, SIGUSR1);
+    pollfd p{listener, POLLIN, 0};
+    int r;
+    while ((r = poll(&p, 1, 10000)) < 0 && errno == EINTR) {
+    }
+    if (r != 1)
+      return absl::UnavailableError(absl::StrCat(
+          "instance ", inst.id, " did not reconnect after restore"));
+    int chan = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (chan < 0) return absl::InternalError("accept failed");
+    if (inst.channel >= 0) close(inst.channel);
+    inst.channel = chan;
+    int out_w, err_w;
+    if (auto s = LogPipes(spec, inst.id, &out_w, &err_w); !s.ok()) return s;
+    int fds[2] = {out_w, err_w};
+    absl::Status s = SendFds(chan, fds, 2);
+    close(out_w);
+    close(err_w);
+    if (!s.ok()) return s;
+    v1::WorkerCall resume;
+    resume.set_op("resume");
+    resume.set_instance_id(inst.id);
+    resume.set_seed(Seed());
+    if (auto w = WriteFrame(chan, resume); !w.ok()) return w;
+    v1::WorkerReady ready;
+    if (auto rd = ReadFrame(chan, &ready, std::chrono::seconds(30)); !rd.ok())
+      return absl::UnavailableError(absl::StrCat(
+          "instance ", inst.id, " did not resume: ", rd.message()));
+    if (!ready.ok())
+      return absl::FailedPreconditionError(
+          absl::StrCat("instance ", inst.id, " failed to resume"));
+    return absl::OkStatus();
+  }
+
+  uint64_t Seed() {
+    static thread_local std::mt19937_64 rng{std::random_device{}()};
+    return rng();
+  }
+
+  // Parks a freshly booted instance, checkpoints it (it keeps running) into
+  // DATA_DIR/snapshots/<id>, and resumes it.
+  absl::Status Checkpoint(Pool& pool, Instance& inst) {
+    auto start = Clock::now();
+    v1::WorkerCall park;
+    park.set_op("park");
+    v1::WorkerReply ok;
+    if (auto s = WriteFrame(inst.channel, park); !s.ok()) return s;
+    if (auto s = ReadFrame(inst.channel, &ok, std::chrono::seconds(10));
+        !s.ok())
+      return s;
+    // It closes the channel once its stdio points at /dev/null: then nothing
+    // of ours is open in it.
+    v1::WorkerReply none;
+    auto closed = ReadFrame(inst.channel, &none, std::chrono::seconds(10));
+    if (!absl::IsUnavailable(closed))
+      return absl::InternalError("the worker did not park");
+    close(inst.channel);
+    inst.channel = -1;
+
+    const std::string& id = pool.snapshot_id;
+    std::string tmp =
+        absl::StrCat(snapshot_dir, "/.tmp-", id, "-", RandomId(6));
+    std::error_code ec;
+    std::filesystem::create_directories(tmp, ec);
+    auto listener = ListenIn(inst.base_dir + "/run");
+    if (!listener.ok()) return listener.status();
+    snapshot::DumpOptions d;
+    d.pid = inst.proc->pid();
+    d.images_dir = tmp;
+    d.mounts = Mounts(inst, *pool.bundle);
+    d.leave_running = true;
+    absl::Status dumped = snapshot::Dump(d);
+    double dump_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (dumped.ok()) {
+      snapshot::Manifest m;
+      m.id = id;
+      m.function = pool.spec.name();
+      m.ns = pool.spec.namespace_();
+      m.generation = pool.spec.generation();
+      m.bundle_digest = pool.spec.bundle_digest();
+      m.kind = pool.bundle->manifest.kind;
+      m.kernel = snapshot::KernelRelease();
+      m.criu_version = criu_version;
+      m.created_unix = NowNanos() / 1000000000;
+      m.checkpoint_ms = dump_ms;
+      unlink((tmp + "/dump.log").c_str());
+      dumped = snapshot::Seal(tmp, ImageDir(id), &m);
+      if (dumped.ok()) {
+        std::lock_guard<std::mutex> l(mu);
+        images[id] = m;
+      }
+    }
+    if (!dumped.ok()) std::filesystem::remove_all(tmp, ec);
+    // Running on either way.
+    absl::Status resumed =
+        WakeAndResume(pool.spec, inst, inst.proc->pid(), *listener);
+    close(*listener);
+    if (!resumed.ok()) return resumed;
+    return dumped;
+  }
+
+  // The image of `pool`'s version on this node, fetched from a peer if
+  // another node has it. NotFound when nobody has one.
+  absl::StatusOr<std::string> EnsureImage(Pool& pool) {
+    const std::string& id = pool.snapshot_id;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (images.contains(id)) return ImageDir(id);
+    }
+    auto lock = ImageLock(id);
+    std::lock_guard<std::mutex> fetch_lock(*lock);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (images.contains(id)) return ImageDir(id);
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(5));
+    v1::FindSnapshotRequest req;
+    req.set_id(id);
+    v1::FindSnapshotResponse peers;
+    grpc::Status st = control->FindSnapshot(&ctx, req, &peers);
+    if (!st.ok())
+      return absl::UnavailableError(
+          absl::StrCat("cannot ask the gateway for snapshot ", id, ": ",
+                       st.error_message()));
+    absl::Status last =
+        absl::NotFoundError(absl::StrCat("no node holds snapshot ", id));
+    for (const auto& addr : peers.addresses()) {
+      if (addr == address) continue;
+      last = FetchImage(addr, id);
+      if (last.ok()) return ImageDir(id);
+      fprintf(stderr, "silt-invoker: fetching snapshot %s from %s: %s\n",
+              id.c_str(), addr.c_str(), std::string(last.message()).c_str());
+    }
+    return last;
+  }
+
+  absl::Status FetchImage(const std::string& peer, const std::string& id) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    auto channel = grpc::CreateCustomChannel(
+        peer, grpc::InsecureChannelCredentials(), args);
+    auto stub = v1::Invoker::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::minutes(2));
+    v1::FetchSnapshotRequest req;
+    req.set_id(id);
+    auto reader = stub->FetchSnapshot(&ctx, req);
+    std::string tmp =
+        absl::StrCat(snapshot_dir, "/.tmp-", id, "-", RandomId(6));
+    std::error_code ec;
+    std::filesystem::create_directories(tmp, ec);
+    v1::SnapshotChunk chunk;
+    int fd = -1;
+    std::string current;
+    bool have_manifest = false;
+    absl::Status status = absl::OkStatus();
+    while (reader->Read(&chunk)) {
+      if (!chunk.manifest().empty()) {
+        std::ofstream(tmp + "/" + snapshot::kManifestName, std::ios::binary)
+            << chunk.manifest();
+        have_manifest = true;
+        continue;
+      }
+      const std::string& name = chunk.file();
+      if (name.empty() || name.find('/') != std::string::npos ||
+          name == snapshot::kManifestName || name[0] == '.') {
+        status = absl::DataLossError("peer sent a bad file name");
+        break;
+      }
+      if (name != current) {
+        if (fd >= 0) close(fd);
+        fd = open((tmp + "/" + name).c_str(),
+                  O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        current = name;
+        if (fd < 0) {
+          status = absl::InternalError("cannot write a fetched image file");
+          break;
+        }
+      }
+      const std::string& data = chunk.data();
+      size_t off = 0;
+      while (off < data.size()) {
+        ssize_t n = write(fd, data.data() + off, data.size() - off);
+        if (n <= 0) break;
+        off += static_cast<size_t>(n);
+      }
+    }
+    if (fd >= 0) close(fd);
+    if (!status.ok()) ctx.TryCancel();
+    grpc::Status st = reader->Finish();
+    if (status.ok() && !st.ok())
+      status = absl::UnavailableError(st.error_message());
+    if (status.ok() && !have_manifest)
+      status = absl::DataLossError("peer sent no manifest");
+    absl::StatusOr<snapshot::Manifest> m = status;
+    if (status.ok()) m = snapshot::Verify(tmp, /*full=*/true);
+    if (m.ok() && m->id != id)
+      m = absl::DataLossError("peer sent another snapshot");
+    if (m.ok()) {
+      // Exactly the manifest's files.
+      for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
+        std::string n = e.path().filename().string();
+        bool listed = n == snapshot::kManifestName;
+        for (const auto& f : m->files) listed = listed || f.name == n;
+        if (!listed) std::filesystem::remove_all(e.path(), ec);
+      }
+      if (rename(tmp.c_str(), ImageDir(id).c_str()) != 0)
+        m = absl::InternalError("cannot move the fetched snapshot in place");
+    }
+    if (!m.ok()) {
+      std::filesystem::remove_all(tmp, ec);
+      return m.status();
+    }
+    std::lock_guard<std::mutex> l(mu);
+    images[id] = *m;
+    return absl::OkStatus();
+  }
+
+  grpc::Status FetchSnapshot(
+      grpc::ServerContext* ctx, const v1::FetchSnapshotRequest* req,
+      grpc::ServerWriter<v1::SnapshotChunk>* writer) override {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (!images.contains(req->id()))
+        return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            "no such snapshot here");
+    }
+    std::string dir = ImageDir(req->id());
+    auto m = snapshot::Verify(dir);
+    if (!m.ok()) {
+      DropImage(req->id(), std::string(m.status().message()));
+      return ToGrpc(m.status());
+    }
+    std::ifstream in(dir + "/" + snapshot::kManifestName, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    v1::SnapshotChunk c;
+    c.set_manifest(ss.str());
+    if (!writer->Write(c)) return grpc::Status::CANCELLED;
+    std::vector<char> buf(1 << 20);
+    for (const auto& f : m->files) {
+      int fd = open((dir + "/" + f.name).c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0)
+        return grpc::Status(grpc::StatusCode::DATA_LOSS, "image file vanished");
+      bool sent_any = false;
+      ssize_t n;
+      while ((n = read(fd, buf.data(), buf.size())) > 0 || !sent_any) {
+        v1::SnapshotChunk d;
+        d.set_file(f.name);
+        if (n > 0) d.set_data(buf.data(), static_cast<size_t>(n));
+        sent_any = true;
+        if (ctx->IsCancelled() || !writer->Write(d)) {
+          close(fd);
+          return grpc::Status::CANCELLED;
+        }
+        if (n <= 0) break;
+      }
+      close(fd);
+    }
+    return grpc::Status::OK;
+  }
+
+  // Restore: a new instance from the image on this node.
+  absl::StatusOr<std::unique_ptr<Instance>> RestoreInstance(Pool& pool) {
+    auto start = Clock::now();
+    const std::string& id = pool.snapshot_id;
+    std::string dir = ImageDir(id);
+    auto m = snapshot::Verify(dir);
+    if (!m.ok()) {
+      DropImage(id, std::string(m.status().message()));
+      return m.status();
+    }
+    auto inst = NewInstance(pool.spec);
+    inst->tier = "restore";
+    if (auto s = PrepareRootSkeleton(inst->base_dir + "/root"); !s.ok())
+      return s;
+    auto listener = ListenIn(inst->base_dir + "/run");
+    if (!listener.ok()) return listener.status();
+    snapshot::RestoreOptions o;
+    o.images_dir = dir;
+    o.root_dir = inst->base_dir + "/root";
+    o.work_dir = inst->base_dir + "/work";
+    o.mounts = Mounts(*inst, *pool.bundle);
+    auto pid = snapshot::Restore(o);
+    if (!pid.ok()) {
+      close(*listener);
+      return pid.status();
+    }
+    auto cg = Cgroup::Create(absl::StrCat("silt/", cgroup_id, "/", inst->id),
+                             pool.spec.memory_limit_bytes(),
+                             pool.spec.cpu_millis(), 1024);
+    if (!cg.ok()) {
+      kill(*pid, SIGKILL);
+      waitpid(*pid, nullptr, 0);
+      close(*listener);
+      return cg.status();
+    }
+    auto proc = SandboxedProcess::Adopt(*pid, *std::move(cg));
+    if (!proc.ok()) {
+      kill(*pid, SIGKILL);
+      waitpid(*pid, nullptr, 0);
+      close(*listener);
+      return proc.status();
+    }
+    inst->proc = *std::move(proc);
+    absl::Status s = WakeAndResume(pool.spec, *inst, *pid, *listener);
+    close(*listener);
+    if (!s.ok()) return s;
+    inst->start_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    inst->last_used = Clock::now();
+    return inst;
+  }
+
+  // Turns a ready instance into `pool`'s fork template.
+  absl::StatusOr<std::shared_ptr<Template>> MakeTemplate(
+      Pool& pool, std::unique_ptr<Instance> inst) {
+    v1::WorkerCall op;
+    op.set_op("template");
+    v1::WorkerReply ok;
+    if (auto s = WriteFrame(inst->channel, op); !s.ok()) return s;
+    if (auto s = ReadFrame(inst->channel, &ok, std::chrono::seconds(10));
+        !s.ok())
+      return s;
+    auto t = std::make_shared<Template>();
+    t->snapshot_id = pool.snapshot_id;
+    t->inst = std::move(inst);
+    t->last_used = Clock::now();
+    return t;
+  }
+
+  // Fork: a clone of the template, in its own cgroup.
+  absl::StatusOr<std::unique_ptr<Instance>> ForkInstance(
+      Pool& pool, std::shared_ptr<Template> t) {
+    auto start = Clock::now();
+    auto inst = std::make_unique<Instance>();
+    inst->id = absl::StrCat(pool.spec.name(), "-", RandomId(8));
+    inst->tier = "fork";
+    int chan[2], out_w, err_w;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) != 0)
+      return absl::InternalError("socketpair failed");
+    inst->channel = chan[0];
+    if (auto s = LogPipes(pool.spec, inst->id, &out_w, &err_w); !s.ok()) {
+      close(chan[1]);
+      return s;
+    }
+    v1::WorkerReply reply;
+    absl::Status s;
+    {
+      std::lock_guard<std::mutex> l(t->fork_mu);
+      int fds[3] = {chan[1], out_w, err_w};
+      s = SendFds(t->inst->channel, fds, 3);
+      v1::WorkerCall fork;
+      fork.set_op("fork");
+      fork.set_instance_id(inst->id);
+      fork.set_seed(Seed());
+      if (s.ok()) s = WriteFrame(t->inst->channel, fork);
+      if (s.ok())
+        s = ReadFrame(t->inst->channel, &reply, std::chrono::seconds(10));
+      t->last_used = Clock::now();
+    }
+    close(chan[1]);
+    close(out_w);
+    close(err_w);
+    if (!s.ok()) return s;
+    if (reply.status() != 200)
+      return absl::InternalError(absl::StrCat("fork failed: ", reply.body()));
+    pid_t host = HostPidOfChild(t->inst->proc->pid(), reply.body());
+    if (host <= 0)
+      return absl::InternalError("cannot find the forked clone's process");
+    auto cg = Cgroup::Create(absl::StrCat("silt/", cgroup_id, "/", inst->id),
+                             pool.spec.memory_limit_bytes(),
+                             pool.spec.cpu_millis(), 1024);
+    if (!cg.ok()) {
+      kill(host, SIGKILL);
+      return cg.status();
+    }
+    auto proc = SandboxedProcess::AdoptClone(host, *std::move(cg));
+    if (!proc.ok()) {
+      kill(host, SIGKILL);
+      return proc.status();
+    }
+    inst->proc = *std::move(proc);
+    inst->tmpl = std::move(t);
+    v1::WorkerReady ready;
+    if (auto r = ReadFrame(inst->channel, &ready, std::chrono::seconds(30));
+        !r.ok() || !ready.ok())
+      return absl::UnavailableError(
+          absl::StrCat("forked instance ", inst->id, " did not start"));
+    inst->start_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    inst->last_used = Clock::now();
+    return inst;
+  }
+
+  // The host PID of `parent`'s child whose PID in the sandbox is `ns_pid`.
+  static pid_t HostPidOfChild(pid_t parent, const std::string& ns_pid) {
+    std::error_code ec;
+    std::string dir = absl::StrCat("/proc/", parent, "/task");
+    for (const auto& t : std::filesystem::directory_iterator(dir, ec)) {
+      std::ifstream kids(t.path().string() + "/children");
+      pid_t c;
+      while (kids >> c) {
+        std::ifstream status(absl::StrCat("/proc/", c, "/status"));
+        std::string line;
+        while (std::getline(status, line)) {
+          if (!absl::StartsWith(line, "NSpid:")) continue;
+          std::vector<std::string> parts =
+              absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+          if (!parts.empty() && parts.back() == ns_pid) return c;
+        }
+      }
+    }
+    return -1;
+  }
+
+  // Memory of all resident templates.
+  uint64_t TemplateMemoryLocked() {
+    uint64_t total = 0;
+    for (const auto& [key, pool] : pools)
+      if (pool->tmpl) total += pool->tmpl->inst->proc->cgroup().MemoryUsage();
+    return total;
+  }
+
+  // Starts an instance for a call that found none idle: fork from the
+  // template, else restore from the image (fetched from a peer if need be),
+  // else boot (and take the snapshot). `force` picks one tier.
+  absl::StatusOr<std::unique_ptr<Instance>> StartFresh(
+      std::shared_ptr<Pool> pool, const std::string& force = "") {
+    if (force == "boot" || !pool->snapshot_wanted) {
+      if (!force.empty() && force != "boot")
+        return absl::FailedPreconditionError(absl::StrCat(
+            "function ", pool->spec.name(), " does not use snapshots"));
+      return StartInstance(pool->spec, *pool->bundle);
+    }
+    std::shared_ptr<Template> t;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      t = pool->tmpl;
+    }
+    if (t == nullptr && force == "fork") {
+      if (!pool->forkable || options.template_memory_bytes == 0)
+        return absl::FailedPreconditionError(absl::StrCat(
+            "function ", pool->spec.name(), " has no fork tier here"));
+      if (auto s = EnsureTemplate(pool); !s.ok()) return s;
+      std::lock_guard<std::mutex> l(mu);
+      t = pool->tmpl;
+    }
+    if (t != nullptr && (force.empty() || force == "fork")) {
+      auto inst = ForkInstance(*pool, t);
+      if (inst.ok() || force == "fork") return inst;
+      logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), "invoker",
+                  absl::StrCat("silt: fork failed (", inst.status().message(),
+                               "); dropping the template"));
+      std::lock_guard<std::mutex> l(mu);
+      if (pool->tmpl == t) pool->tmpl.reset();
+    }
+    auto image = EnsureImage(*pool);
+    if (image.ok()) {
+      auto inst = RestoreInstance(*pool);
+      if (inst.ok()) {
+        std::lock_guard<std::mutex> l(mu);
+        if (pool->forkable) pool->template_retry_after = Clock::time_point();
+        return inst;
+      }
+      if (force == "restore") return inst.status();
+      // Never the same broken image twice: boot, and snapshot again.
+      logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), "invoker",
+                  absl::StrCat("silt: restore failed (",
+                               inst.status().message(), "); booting"));
+      DropImage(pool->snapshot_id, std::string(inst.status().message()));
+    } else if (force == "restore") {
+      return image.status();
+    }
+    return BootAndCheckpoint(pool);
+  }
+
+  // Boot; the first boot of a version without a snapshot takes it.
+  absl::StatusOr<std::unique_ptr<Instance>> BootAndCheckpoint(
+      std::shared_ptr<Pool> pool) {
+    bool take = false;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (!pool->checkpointing && !images.contains(pool->snapshot_id)) {
+        pool->checkpointing = true;
+        take = true;
+      }
+    }
+    auto inst =
+        StartInstance(pool->spec, *pool->bundle, /*snapshot_ready=*/true);
+    if (!take || !inst.ok()) {
+      if (take) {
+        std::lock_guard<std::mutex> l(mu);
+        pool->checkpointing = false;
+      }
+      return inst;
+    }
+    auto start = Clock::now();
+    absl::Status s = Checkpoint(*pool, **inst);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      pool->checkpointing = false;
+    }
+    if (!s.ok()) {
+      logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), "invoker",
+                  absl::StrCat("silt: snapshot failed: ", s.message()));
+      if ((*inst)->channel < 0) return s;  // it could not be resumed
+    }
+    (*inst)->start_ms +=
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    return inst;
+  }
+
+  // A template for `pool` from its image (restored anew: the instance that
+  // serves calls stays separate).
+  absl::Status EnsureTemplate(std::shared_ptr<Pool> pool) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (pool->tmpl || pool->template_starting) return absl::OkStatus();
+      pool->template_starting = true;
+    }
+    absl::StatusOr<std::shared_ptr<Template>> t =
+        absl::UnavailableError("no image");
+    if (auto image = EnsureImage(*pool); image.ok()) {
+      auto inst = RestoreInstance(*pool);
+      if (inst.ok())
+        t = MakeTemplate(*pool, *std::move(inst));
+      else
+        t = inst.status();
+    } else {
+      t = image.status();
+    }
+    std::lock_guard<std::mutex> l(mu);
+    pool->template_starting = false;
+    if (!t.ok()) {
+      pool->template_retry_after = Clock::now() + std::chrono::seconds(30);
+      return t.status();
+    }
+    pool->tmpl = *t;
+    return absl::OkStatus();
+  }
+
+  // Keeps templates for functions that have images and recent cold starts,
+  // within the memory budget (least recently used go first).
+  void TendTemplates() {
+    if (!snapshots_on || options.template_memory_bytes == 0) return;
+    std::vector<std::shared_ptr<Pool>> want;
+    std::vector<std::shared_ptr<Template>> evicted;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (auto& [key, pool] : pools) {
+        if (pool->snapshot_wanted && pool->forkable && !pool->tmpl &&
+            !pool->template_starting && images.contains(pool->snapshot_id) &&
+            Clock::now() >= pool->template_retry_after)
+          want.push_back(pool);
+      }
+      while (TemplateMemoryLocked() > options.template_memory_bytes) {
+        std::shared_ptr<Pool> oldest;
+        for (auto& [key, pool] : pools)
+          if (pool->tmpl &&
+              (!oldest || pool->tmpl->last_used < oldest->tmpl->last_used))
+            oldest = pool;
+        if (!oldest) break;
+        evicted.push_back(std::move(oldest->tmpl));
+        oldest->template_retry_after = Clock::now() + std::chrono::minutes(1);
+      }
+    }
+    evicted.clear();  // (clones keep theirs alive until they end)
+    for (auto& pool : want) {
+      if (Stopping()) return;
+      if (auto s = EnsureTemplate(pool); !s.ok())
+        logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), "invoker",
+                    absl::StrCat("silt: no fork template: ", s.message()));
+    }
+  }
+
+  // Drops images no assigned function version uses (updated or deleted
+  // functions).
+  void CollectImages(const std::set<std::string>& wanted_ids) {
+    std::vector<std::string> doomed;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (const auto& [id, m] : images)
+        if (!wanted_ids.contains(id)) doomed.push_back(id);
+    }
+    for (const auto& id : doomed) DropImage(id, "");
+  }
+
+  // Loads the images a previous invoker left (sizes checked now, checksums
+  // at first use) and removes partial ones.
+  void LoadImages() {
+    std::error_code ec;
+    std::filesystem::create_directories(snapshot_dir, ec);
+    for (const auto& e :
+         std::filesystem::directory_iterator(snapshot_dir, ec)) {
+      std::string name = e.path().filename().string();
+      if (absl::StartsWith(name, ".")) {
+        std::filesystem::remove_all(e.path(), ec);
+        continue;
+      }
+      auto m = snapshot::ReadManifest(e.path().string());
+      if (!m.ok() || m->id != name || m->kernel != snapshot::KernelRelease()) {
+        std::filesystem::remove_all(e.path(), ec);
+        continue;
+      }
+      images[name] = *m;
+    }
+  }
+
   std::shared_ptr<Pool> PoolFor(const FunctionSpec& spec,
                                 std::shared_ptr<Bundle> bundle) {
     std::lock_guard<std::mutex> l(mu);
@@ -506,6 +1270,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (!p || p->spec.generation() != spec.generation()) {
       auto fresh = std::make_shared<Pool>();
       fresh->spec = spec;
+      fresh->snapshot_id = SnapshotIdOf(spec);
+      fresh->snapshot_wanted = snapshots_on && SnapshotsWanted(spec);
+      fresh->forkable =
+          !(bundle->manifest.kind == "exec" && bundle->manifest.mode == "http");
       fresh->bundle = std::move(bundle);
       if (p) fresh->min_instances = p->min_instances;
       p = fresh;  // the old pool's instances stop as their calls end
@@ -524,9 +1292,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   // Takes an idle instance, or starts one, or waits in the bounded queue.
-  absl::StatusOr<std::unique_ptr<Instance>> Acquire(Pool& pool,
-                                                    Clock::time_point deadline,
-                                                    std::string* tier) {
+  absl::StatusOr<std::unique_ptr<Instance>> Acquire(
+      std::shared_ptr<Pool> pool_ptr, Clock::time_point deadline,
+      std::string* tier) {
+    Pool& pool = *pool_ptr;
     std::unique_lock<std::mutex> l(mu);
     while (true) {
       if (!pool.idle.empty()) {
@@ -543,7 +1312,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       if (total < MaxInstances(pool.spec) && pool.filling <= pool.waiting) {
         ++pool.starting;
         l.unlock();
-        auto inst = StartInstance(pool.spec, *pool.bundle);
+        auto inst = StartFresh(pool_ptr);
         l.lock();
         --pool.starting;
         if (!inst.ok()) {
@@ -551,7 +1320,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
           return inst.status();
         }
         ++pool.busy;
-        *tier = "boot";
+        *tier = (*inst)->tier;
         return inst;
       }
       if (pool.waiting >= options.max_queue_per_function) {
@@ -616,8 +1385,21 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     auto timeout = Timeout(pool->spec, req->timeout_ms());
     auto deadline = Clock::now() + timeout;
     std::string tier;
-    auto inst = Acquire(*pool, deadline, &tier);
-    if (!inst.ok()) return ToGrpc(inst.status());
+    const std::string& force = req->cold_start();
+    absl::StatusOr<std::unique_ptr<Instance>> inst;
+    if (!force.empty()) {
+      if (force != "boot" && force != "restore" && force != "fork")
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "X-Silt-Cold-Start must be boot, restore or fork");
+      inst = StartFresh(pool, force);
+      if (!inst.ok()) return ToGrpc(inst.status());
+      tier = (*inst)->tier;
+      std::lock_guard<std::mutex> l(mu);
+      ++pool->busy;
+    } else {
+      inst = Acquire(pool, deadline, &tier);
+      if (!inst.ok()) return ToGrpc(inst.status());
+    }
 
     v1::WorkerCall call;
     call.set_call_id(req->call_id());
@@ -669,7 +1451,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     res->set_start_ms(tier == "warm" ? 0 : (*inst)->start_ms);
     res->set_instance((*inst)->id);
     (*inst)->fresh = false;
-    Release(*pool, *std::move(inst));
+    if (!force.empty()) {
+      Release(*pool, nullptr);  // a forced start serves one call
+    } else {
+      Release(*pool, *std::move(inst));
+    }
     return grpc::Status::OK;
   }
 
@@ -717,7 +1503,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
           ++it;
         }
       }
+      have_assignment = true;
     }
+    // Snapshots of versions that no longer exist go.
+    std::set<std::string> ids;
+    for (const auto& spec : a.functions()) ids.insert(SnapshotIdOf(spec));
+    CollectImages(ids);
     for (auto& [spec, min] : wanted) {
       auto bundle = EnsureBundle(spec.bundle_digest());
       if (!bundle.ok()) {
@@ -729,6 +1520,24 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       std::lock_guard<std::mutex> l(mu);
       pool->min_instances = min;  // the reaper loop starts what is missing
     }
+  }
+
+  void DeleteSnapshots(const v1::DeleteSnapshots& d) {
+    std::vector<std::shared_ptr<Template>> dropped;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (auto& [key, pool] : pools) {
+        for (const auto& id : d.ids()) {
+          if (pool->snapshot_id == id && pool->tmpl) {
+            dropped.push_back(std::move(pool->tmpl));
+            // Not straight back: the next cold start boots and re-snapshots.
+            pool->template_retry_after = Clock::now() + std::chrono::seconds(5);
+          }
+        }
+      }
+    }
+    dropped.clear();
+    for (const auto& id : d.ids()) DropImage(id, "");
   }
 
   // Starts instances until the pool has its minimum.
@@ -744,7 +1553,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         ++pool->starting;
         ++pool->filling;
       }
-      auto inst = StartInstance(pool->spec, *pool->bundle);
+      auto inst = StartFresh(pool);
       std::lock_guard<std::mutex> l(mu);
       --pool->starting;
       --pool->filling;
@@ -818,6 +1627,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         }
       }
       for (auto& pool : short_pools) Fill(pool);
+      TendTemplates();
     }
   }
 
@@ -837,7 +1647,23 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       for (const auto& inst : pool->idle)
         mem += inst->proc->cgroup().MemoryUsage();
     }
+    for (const auto& [key, pool] : pools)
+      if (pool->tmpl) mem += pool->tmpl->inst->proc->cgroup().MemoryUsage();
     r.mutable_used()->set_memory_bytes(mem);
+    std::set<std::string> resident;
+    for (const auto& [key, pool] : pools)
+      if (pool->tmpl) resident.insert(pool->tmpl->snapshot_id);
+    for (const auto& [id, m] : images) {
+      auto* info = r.add_snapshots();
+      info->set_id(id);
+      info->set_name(m.function);
+      info->set_namespace_(m.ns);
+      info->set_generation(m.generation);
+      info->set_bytes(m.bytes);
+      info->set_created_unix(m.created_unix);
+      info->set_checkpoint_ms(m.checkpoint_ms);
+      info->set_template_resident(resident.contains(id));
+    }
     return r;
   }
 
@@ -867,6 +1693,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
           v1::GatewayMessage msg;
           while (stream->Read(&msg)) {
             if (msg.has_assignment()) ApplyAssignment(msg.assignment());
+            if (msg.has_delete_snapshots())
+              DeleteSnapshots(msg.delete_snapshots());
           }
           done = true;
           std::lock_guard<std::mutex> l(stop_mu);
@@ -900,6 +1728,36 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
   }
 };
+
+absl::Status PrepareProcess() {
+  struct statfs_probe {
+    static bool IsTmpfs(const char* path) {
+      std::ifstream mounts("/proc/self/mountinfo");
+      std::string line;
+      bool tmpfs = false;
+      while (std::getline(mounts, line)) {
+        std::vector<std::string> f = absl::StrSplit(line, ' ');
+        if (f.size() < 10 || f[4] != path) continue;
+        auto dash = std::find(f.begin(), f.end(), "-");
+        tmpfs =
+            dash != f.end() && dash + 1 != f.end() && *(dash + 1) == "tmpfs";
+      }
+      return tmpfs;
+    }
+  };
+  if (statfs_probe::IsTmpfs("/run")) return absl::OkStatus();
+  if (unshare(CLONE_NEWNS) != 0)
+    return absl::FailedPreconditionError(
+        absl::StrCat("no private mount namespace (", strerror(errno),
+                     "): CRIU's kernel-feature cache is off"));
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0 ||
+      mount("silt-run", "/run", "tmpfs", MS_NOSUID | MS_NODEV,
+            "mode=0755,size=16m") != 0)
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot mount a tmpfs on /run (", strerror(errno),
+                     "): CRIU's kernel-feature cache is off"));
+  return absl::OkStatus();
+}
 
 Invoker::Invoker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Invoker::~Invoker() = default;
@@ -987,6 +1845,19 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     }
   }
   CleanupStaleCgroups("silt/" + impl->cgroup_id);
+  impl->snapshot_dir = options.data_dir + "/snapshots";
+  if (options.snapshots) {
+    auto v = snapshot::CriuVersion();
+    if (v.ok()) {
+      impl->criu_version = *v;
+      impl->snapshots_on = true;
+      impl->LoadImages();
+    } else {
+      fprintf(stderr,
+              "silt-invoker: snapshots off (instances always boot): %s\n",
+              std::string(v.status().message()).c_str());
+    }
+  }
   impl->collector = std::make_unique<LogCollector>(&impl->logs);
   if (auto devices = gpu::ListDevices(); devices.ok())
     impl->gpus = static_cast<uint32_t>(devices->size());

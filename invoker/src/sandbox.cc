@@ -5,6 +5,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
+#include <poll.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <signal.h>
@@ -397,6 +398,40 @@ std::string ControllerRoot(const std::string& controller) {
 constexpr int kMaxMounts = 16;
 constexpr int kMaxArgs = 256;
 
+// The sandbox root's mount points and links (the same for a spawn and a CRIU
+// restore skeleton).
+struct Layout {
+  std::vector<std::string> dirs;
+  std::vector<std::pair<std::string, std::string>> links;  // target, path
+  std::vector<std::string> bound_tops;  // /bin etc. when not links to /usr
+};
+
+const Layout& RootLayout() {
+  static const Layout* layout = [] {
+    auto* l = new Layout;
+    l->dirs = {"/proc",         "/tmp",          "/dev",
+               "/usr",          "/etc",          "/var",
+               "/var/silt",     "/var/silt/bin", "/var/silt/bundle",
+               "/var/silt/run", "/var/openfaas", "/var/openfaas/secrets"};
+    // Debian 12 merges /bin, /sbin, /lib* into /usr: keep them as links, else
+    // bind them.
+    for (const char* top :
+         {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
+      std::error_code ec;
+      auto st = std::filesystem::symlink_status(top, ec);
+      if (ec || !std::filesystem::exists(st)) continue;
+      if (std::filesystem::is_symlink(st)) {
+        l->links.emplace_back(std::filesystem::read_symlink(top).string(), top);
+      } else {
+        l->dirs.push_back(top);
+        l->bound_tops.push_back(top);
+      }
+    }
+    return l;
+  }();
+  return *layout;
+}
+
 struct ChildArgs {
   // Everything is prepared by the parent: the child only makes syscalls.
   int channel_fd, stdout_fd, stderr_fd, sync_fd, err_fd, devnull_fd;
@@ -407,6 +442,7 @@ struct ChildArgs {
   struct Bind {
     const char* src;
     const char* dst;
+    bool rw;
   } binds[kMaxMounts];
   // /dev is a tmpfs of its own with these character devices (no file bind
   // mounts: CRIU cannot restore those).
@@ -423,6 +459,8 @@ struct ChildArgs {
   } links[8];
   int link_count;
   const char* proc_dir;
+  const char* proc_opts;
+  bool keep_root_uid;
   const char* tmp_dir;
   const char* dev_dir;
   int last_cap;
@@ -480,7 +518,8 @@ int ChildMain(void* arg) {
     if (mount(b.src, b.dst, nullptr, MS_BIND | MS_REC, nullptr) != 0)
       ChildFail(a, 7);
     if (mount(nullptr, b.dst, nullptr,
-              MS_REMOUNT | MS_BIND | MS_NOSUID | MS_RDONLY, nullptr) != 0)
+              MS_REMOUNT | MS_BIND | MS_NOSUID | (b.rw ? 0 : MS_RDONLY),
+              nullptr) != 0)
       ChildFail(a, 8);
   }
   if (mount("dev", a->dev_dir, "tmpfs", MS_NOSUID | MS_NOEXEC,
@@ -492,7 +531,7 @@ int ChildMain(void* arg) {
       ChildFail(a, 6);
   }
   if (mount("proc", a->proc_dir, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-            nullptr) != 0)
+            a->proc_opts) != 0)
     ChildFail(a, 9);
   if (mount("tmp", a->tmp_dir, "tmpfs", MS_NOSUID | MS_NODEV, a->tmp_opts) != 0)
     ChildFail(a, 10);
@@ -530,8 +569,10 @@ int ChildMain(void* arg) {
   // believe exists, and the threads of the (multithreaded) parent do not exist
   // here: they would wait for them forever.
   if (syscall(SYS_setgroups, 0, nullptr) != 0) ChildFail(a, 22);
-  if (syscall(SYS_setresgid, 65534, 65534, 65534) != 0) ChildFail(a, 23);
-  if (syscall(SYS_setresuid, 65534, 65534, 65534) != 0) ChildFail(a, 24);
+  if (!a->keep_root_uid) {
+    if (syscall(SYS_setresgid, 65534, 65534, 65534) != 0) ChildFail(a, 23);
+    if (syscall(SYS_setresuid, 65534, 65534, 65534) != 0) ChildFail(a, 24);
+  }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ChildFail(a, 25);
   if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &Seccomp().prog) != 0)
     ChildFail(a, 26);
@@ -683,6 +724,19 @@ uint64_t Cgroup::MemoryUsage() const {
 SandboxedProcess::~SandboxedProcess() { Kill(); }
 
 int SandboxedProcess::Kill() {
+  if (pidfd_ >= 0) {
+    if (!reaped_) {
+      syscall(SYS_pidfd_send_signal, pidfd_, SIGKILL, nullptr, 0);
+      pollfd p{pidfd_, POLLIN, 0};
+      while (poll(&p, 1, 5000) < 0 && errno == EINTR) {
+      }
+      reaped_ = true;
+      status_ = SIGKILL;  // a clone's status belongs to its template
+    }
+    close(pidfd_);
+    pidfd_ = -1;
+    return status_;
+  }
   if (pid_ > 0 && !reaped_) {
     kill(pid_, SIGKILL);
     while (waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
@@ -694,6 +748,15 @@ int SandboxedProcess::Kill() {
 
 std::optional<int> SandboxedProcess::Poll() {
   if (reaped_) return status_;
+  if (pidfd_ >= 0) {
+    pollfd p{pidfd_, POLLIN, 0};
+    if (poll(&p, 1, 0) == 1) {
+      reaped_ = true;
+      status_ = SIGKILL;
+      return status_;
+    }
+    return std::nullopt;
+  }
   int st = 0;
   pid_t r = waitpid(pid_, &st, WNOHANG);
   if (r == pid_) {
@@ -705,6 +768,62 @@ std::optional<int> SandboxedProcess::Poll() {
 }
 
 absl::Status PrepareSeccomp() { return Seccomp().status; }
+
+absl::StatusOr<std::unique_ptr<SandboxedProcess>> SandboxedProcess::Adopt(
+    pid_t pid, std::unique_ptr<Cgroup> cgroup) {
+  auto proc = std::unique_ptr<SandboxedProcess>(new SandboxedProcess());
+  proc->pid_ = pid;
+  proc->cgroup_ = std::move(cgroup);
+  for (pid_t p : ProcessTree(pid)) {
+    if (auto s = proc->cgroup_->AddProcess(p); !s.ok()) return s;
+  }
+  return proc;
+}
+
+absl::StatusOr<std::unique_ptr<SandboxedProcess>> SandboxedProcess::AdoptClone(
+    pid_t pid, std::unique_ptr<Cgroup> cgroup) {
+  auto proc = std::unique_ptr<SandboxedProcess>(new SandboxedProcess());
+  proc->pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (proc->pidfd_ < 0)
+    return absl::UnavailableError(
+        absl::StrCat("pidfd_open(", pid, "): ", strerror(errno)));
+  proc->pid_ = pid;
+  proc->cgroup_ = std::move(cgroup);
+  if (auto s = proc->cgroup_->AddProcess(pid); !s.ok()) return s;
+  return proc;
+}
+
+std::vector<pid_t> ProcessTree(pid_t pid) {
+  std::vector<pid_t> out{pid};
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::string dir = absl::StrCat("/proc/", out[i], "/task");
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator(dir, ec)) {
+      std::string kids = ReadFile(t.path().string() + "/children");
+      for (absl::string_view k : absl::StrSplit(kids, ' ', absl::SkipEmpty())) {
+        int c = 0;
+        if (absl::SimpleAtoi(k, &c) && c > 0) out.push_back(c);
+      }
+    }
+  }
+  return out;
+}
+
+absl::Status PrepareRootSkeleton(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  for (const auto& d : RootLayout().dirs)
+    std::filesystem::create_directories(dir + d, ec);
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("restore root ", dir, ": ", ec.message()));
+  for (const auto& [target, path] : RootLayout().links) {
+    if (symlink(target.c_str(), (dir + path).c_str()) != 0 && errno != EEXIST)
+      return absl::InternalError(
+          absl::StrCat("restore root link ", path, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
     const SandboxSpec& spec) {
@@ -743,36 +862,32 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
       a.devs[i++] = {keep(absl::StrCat(spec.root_dir, "/dev/", name)), minor};
     }
   }
-  for (const char* d :
-       {"/.oldroot", "/proc", "/tmp", "/dev", "/usr", "/etc", "/var",
-        "/var/silt", "/var/silt/bin", "/var/silt/bundle", "/var/openfaas",
-        "/var/openfaas/secrets"}) {
-    a.mkdirs[a.mkdir_count++] = keep(spec.root_dir + d);
-  }
-  auto bind = [&](const std::string& src, const std::string& dst) {
-    a.binds[a.bind_count++] = {keep(src), keep(spec.root_dir + dst)};
+  auto bind = [&](const std::string& src, const std::string& dst,
+                  bool rw = false) {
+    a.binds[a.bind_count++] = {keep(src), keep(spec.root_dir + dst), rw};
   };
+  a.mkdirs[a.mkdir_count++] = keep(spec.root_dir + "/.oldroot");
+  for (const auto& d : RootLayout().dirs)
+    a.mkdirs[a.mkdir_count++] = keep(spec.root_dir + d);
+  for (const auto& [target, path] : RootLayout().links)
+    a.links[a.link_count++] = {keep(target), keep(spec.root_dir + path)};
   bind("/usr", "/usr");
   bind("/etc", "/etc");
-  // Debian 12 merges /bin, /sbin, /lib* into /usr: keep them as links, else
-  // bind them.
-  for (const char* top :
-       {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
-    std::error_code ec;
-    auto st = std::filesystem::symlink_status(top, ec);
-    if (ec || !std::filesystem::exists(st)) continue;
-    if (std::filesystem::is_symlink(st)) {
-      a.links[a.link_count++] = {
-          keep(std::filesystem::read_symlink(top).string()),
-          keep(spec.root_dir + top)};
-    } else {
-      a.mkdirs[a.mkdir_count++] = keep(spec.root_dir + top);
-      bind(top, top);
-    }
-  }
+  for (const auto& top : RootLayout().bound_tops) bind(top, top);
   bind(spec.bundle_dir, kSandboxBundleDir);
   bind(spec.secrets_dir, kSandboxSecretsDir);
   bind(spec.worker_dir, kSandboxWorkerDir);
+  if (spec.snapshot_ready) {
+    if (spec.run_dir.empty())
+      return absl::InvalidArgumentError(
+          "a snapshot-ready sandbox needs run_dir");
+    bind(spec.run_dir, kSandboxRunDir, /*rw=*/true);
+  }
+  a.keep_root_uid = spec.snapshot_ready;
+  // Snapshot-ready instances run as uid 0 (without capabilities): their /proc
+  // shows processes only, nothing a uid-0 owner could write to (sysrq-trigger,
+  // sys/...).
+  a.proc_opts = spec.snapshot_ready ? "subset=pid" : nullptr;
 
   std::vector<char*> argv, envp;
   for (const auto& s : spec.argv) argv.push_back(const_cast<char*>(keep(s)));

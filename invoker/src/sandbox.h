@@ -25,6 +25,9 @@ inline constexpr char kSandboxBundleDir[] = "/var/silt/bundle";
 inline constexpr char kSandboxWorkerDir[] = "/var/silt/bin";
 inline constexpr char kSandboxWorkerPath[] = "/var/silt/bin/silt-worker";
 inline constexpr char kSandboxSecretsDir[] = "/var/openfaas/secrets";
+// Snapshot-ready sandboxes: a per-instance directory where the worker finds
+// the invoker's socket after a restore.
+inline constexpr char kSandboxRunDir[] = "/var/silt/run";
 
 struct SandboxSpec {
   std::string
@@ -41,6 +44,12 @@ struct SandboxSpec {
   uint64_t cpu_millis = 0;          // 0 = no limit
   uint64_t max_pids = 1024;
   uint64_t tmp_bytes = 64 << 20;
+  // Snapshot-ready: the worker can be checkpointed by CRIU. It then runs as
+  // uid 0 of the sandbox (still without capabilities, under no_new_privs and
+  // seccomp, with /proc limited to processes): this machine's root lacks
+  // CAP_SYS_RESOURCE, without which CRIU cannot dump another uid's rlimits.
+  bool snapshot_ready = false;
+  std::string run_dir;  // host dir → kSandboxRunDir (rw), snapshot-ready only
   int channel_fd = -1;  // becomes fd 3 inside
   int stdout_fd = -1;   // becomes fd 1
   int stderr_fd = -1;   // becomes fd 2
@@ -67,6 +76,12 @@ class Cgroup {
 
 class SandboxedProcess {
  public:
+  // A process tree that was restored by CRIU as our child: joins `cgroup`.
+  static absl::StatusOr<std::unique_ptr<SandboxedProcess>> Adopt(
+      pid_t pid, std::unique_ptr<Cgroup> cgroup);
+  // A clone forked by a template (not our child): watched through a pidfd.
+  static absl::StatusOr<std::unique_ptr<SandboxedProcess>> AdoptClone(
+      pid_t pid, std::unique_ptr<Cgroup> cgroup);
   ~SandboxedProcess();  // SIGKILLs the process (and so its PID namespace) and
                         // reaps it
   pid_t pid() const { return pid_; }
@@ -80,6 +95,7 @@ class SandboxedProcess {
   friend absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
       const SandboxSpec& spec);
   pid_t pid_ = -1;
+  int pidfd_ = -1;  // clones only
   int status_ = 0;
   bool reaped_ = false;
   std::unique_ptr<Cgroup> cgroup_;
@@ -89,6 +105,14 @@ class SandboxedProcess {
 // step and errno when the sandbox cannot be built (e.g. not root).
 absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
     const SandboxSpec& spec);
+
+// Makes `dir` the empty skeleton of a sandbox root (mount points and the
+// /bin → usr/bin style links) for CRIU to restore a sandbox into.
+absl::Status PrepareRootSkeleton(const std::string& dir);
+
+// All processes of the tree rooted at `pid` (itself included), as seen from
+// here.
+std::vector<pid_t> ProcessTree(pid_t pid);
 
 // Builds the seccomp filter now (it is built once per process anyway); call at
 // start-up so that the first instance start does not pay for it and errors show
