@@ -882,9 +882,10 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
   call.timeout = options_.upstream_timeout;
   call.cold_start = std::string(req.Header("X-Silt-Cold-Start"));
   if (!call.cold_start.empty() && call.cold_start != "boot" &&
-      call.cold_start != "restore" && call.cold_start != "fork") {
+      call.cold_start != "restore" && call.cold_start != "fork" &&
+      call.cold_start != "criu") {
     HttpResponse res = HttpResponse::Text(
-        400, "X-Silt-Cold-Start must be boot, restore or fork");
+        400, "X-Silt-Cold-Start must be boot, restore, fork or criu");
     decorate(res);
     return res;
   }

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
@@ -270,10 +271,12 @@ struct Instance {
   std::string tier;  // how it started: boot, restore, fork
   // A clone keeps its template (and so its PID namespace) alive.
   std::shared_ptr<Template> tmpl;
+  bool tmp_mounted = false;  // base_dir/tmp is a tmpfs of ours
   ~Instance() {
     if (channel >= 0) close(channel);
     if (proc) proc->Kill();
     proc.reset();
+    if (tmp_mounted) umount2((base_dir + "/tmp").c_str(), MNT_DETACH);
     std::error_code ec;
     if (!base_dir.empty()) std::filesystem::remove_all(base_dir, ec);
   }
@@ -379,7 +382,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // Snapshot images complete on this node, by id.
   std::map<std::string, snapshot::Manifest> images;
   std::map<std::string, std::shared_ptr<std::mutex>> image_locks;
-  std::string snapshot_dir;   // DATA_DIR/snapshots
+  std::string snapshot_dir;  // DATA_DIR/snapshots
+  std::string dev_dir;       // DATA_DIR/dev: device nodes bound as /dev
+  bool bind_dev_tmp = false;
   bool snapshots_on = false;  // options.snapshots and CRIU 4.1+ present
   int criu_version = 0;
   bool have_assignment = false;
@@ -539,6 +544,13 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     sb.worker_dir = worker_dir;
     sb.snapshot_ready = snapshot_ready;
     sb.run_dir = inst->base_dir + "/run";
+    if (snapshot_ready && bind_dev_tmp) {
+      if (auto s = MountTmp(inst->base_dir + "/tmp", sb.tmp_bytes); !s.ok())
+        return s;
+      inst->tmp_mounted = true;
+      sb.dev_dir = dev_dir;
+      sb.tmp_dir = inst->base_dir + "/tmp";
+    }
     sb.argv = {kSandboxWorkerPath};
     sb.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8",
               absl::StrCat("HOSTNAME=", spec.name())};
@@ -623,10 +635,16 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 
   std::vector<snapshot::ExternalMount> Mounts(const Instance& inst,
                                               const Bundle& bundle) {
-    return {{kSandboxBundleDir, "bundle", bundle.dir},
-            {kSandboxSecretsDir, "secrets", inst.base_dir + "/secrets"},
-            {kSandboxWorkerDir, "bin", worker_dir},
-            {kSandboxRunDir, "run", inst.base_dir + "/run"}};
+    std::vector<snapshot::ExternalMount> m = {
+        {kSandboxBundleDir, "bundle", bundle.dir},
+        {kSandboxSecretsDir, "secrets", inst.base_dir + "/secrets"},
+        {kSandboxWorkerDir, "bin", worker_dir},
+        {kSandboxRunDir, "run", inst.base_dir + "/run"}};
+    if (bind_dev_tmp) {
+      m.push_back({"/dev", "dev", dev_dir});
+      m.push_back({"/tmp", "tmp", inst.base_dir + "/tmp"});
+    }
+    return m;
   }
 
   void DropImage(const std::string& id, const std::string& why) {
@@ -848,8 +866,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       status = absl::UnavailableError(st.error_message());
     if (status.ok() && !have_manifest)
       status = absl::DataLossError("peer sent no manifest");
-    absl::StatusOr<snapshot::Manifest> m = status;
-    if (status.ok()) m = snapshot::Verify(tmp, /*full=*/true);
+    absl::StatusOr<snapshot::Manifest> m =
+        status.ok() ? snapshot::Verify(tmp, /*full=*/true)
+                    : absl::StatusOr<snapshot::Manifest>(status);
     if (m.ok() && m->id != id)
       m = absl::DataLossError("peer sent another snapshot");
     if (m.ok()) {
@@ -917,12 +936,17 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   // Restore: a new instance from the image on this node.
-  absl::StatusOr<std::unique_ptr<Instance>> RestoreInstance(Pool& pool) {
+  // With `plain_criu`, the `criu restore` command replays everything itself
+  // (the network namespace included): the benchmark's baseline tier.
+  absl::StatusOr<std::unique_ptr<Instance>> RestoreInstance(
+      Pool& pool, bool plain_criu = false) {
     auto start = Clock::now();
     const std::string& id = pool.snapshot_id;
     std::string dir = ImageDir(id);
     auto m = snapshot::Verify(dir);
     if (!m.ok()) {
+      logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), "invoker",
+                  absl::StrCat("silt: not restoring: ", m.status().message()));
       DropImage(id, std::string(m.status().message()));
       return m.status();
     }
@@ -930,6 +954,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     inst->tier = "restore";
     if (auto s = PrepareRootSkeleton(inst->base_dir + "/root"); !s.ok())
       return s;
+    if (bind_dev_tmp) {
+      if (auto s = MountTmp(inst->base_dir + "/tmp", 64 << 20); !s.ok())
+        return s;
+      inst->tmp_mounted = true;
+    }
     auto listener = ListenIn(inst->base_dir + "/run");
     if (!listener.ok()) return listener.status();
     snapshot::RestoreOptions o;
@@ -937,7 +966,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     o.root_dir = inst->base_dir + "/root";
     o.work_dir = inst->base_dir + "/work";
     o.mounts = Mounts(*inst, *pool.bundle);
-    auto pid = snapshot::Restore(o);
+    if (plain_criu) {
+      o.empty_net = false;
+      inst->tier = "criu";
+    }
+    auto pid = plain_criu ? snapshot::RestoreWithCli(o) : snapshot::Restore(o);
     if (!pid.ok()) {
       close(*listener);
       return pid.status();
@@ -959,7 +992,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       return proc.status();
     }
     inst->proc = *std::move(proc);
-    absl::Status s = WakeAndResume(pool.spec, *inst, *pid, *listener);
+    absl::Status s = plain_criu ? absl::OkStatus() : LoopbackUp(*pid);
+    if (s.ok()) s = WakeAndResume(pool.spec, *inst, *pid, *listener);
     close(*listener);
     if (!s.ok()) return s;
     inst->start_ms =
@@ -1088,6 +1122,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         return absl::FailedPreconditionError(absl::StrCat(
             "function ", pool->spec.name(), " does not use snapshots"));
       return StartInstance(pool->spec, *pool->bundle);
+    }
+    if (force == "criu") {
+      if (auto image = EnsureImage(*pool); !image.ok()) return image.status();
+      return RestoreInstance(*pool, /*plain_criu=*/true);
     }
     std::shared_ptr<Template> t;
     {
@@ -1388,9 +1426,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     const std::string& force = req->cold_start();
     absl::StatusOr<std::unique_ptr<Instance>> inst;
     if (!force.empty()) {
-      if (force != "boot" && force != "restore" && force != "fork")
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "X-Silt-Cold-Start must be boot, restore or fork");
+      if (force != "boot" && force != "restore" && force != "fork" &&
+          force != "criu")
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            "X-Silt-Cold-Start must be boot, restore, fork or criu");
       inst = StartFresh(pool, force);
       if (!inst.ok()) return ToGrpc(inst.status());
       tier = (*inst)->tier;
@@ -1781,6 +1821,9 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     return absl::NotFoundError(
         absl::StrCat("silt-worker not found at ", impl->options.worker_binary));
   if (auto s = PrepareSeccomp(); !s.ok()) return s;
+  // Trees restored by the `criu restore -d` command (the baseline tier) are
+  // reparented to us.
+  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir + "/bundles", ec);
   // Sandboxes see a directory holding only silt-worker (CRIU cannot restore
@@ -1846,6 +1889,13 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
   }
   CleanupStaleCgroups("silt/" + impl->cgroup_id);
   impl->snapshot_dir = options.data_dir + "/snapshots";
+  impl->dev_dir = options.data_dir + "/dev";
+  if (auto s = PrepareDevDir(impl->dev_dir); s.ok()) {
+    impl->bind_dev_tmp = true;
+  } else {
+    fprintf(stderr, "silt-invoker: sandboxes get a tmpfs /dev (%s)\n",
+            std::string(s.message()).c_str());
+  }
   if (options.snapshots) {
     auto v = snapshot::CriuVersion();
     if (v.ok()) {

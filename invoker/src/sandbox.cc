@@ -15,6 +15,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
@@ -26,6 +27,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -463,6 +465,7 @@ struct ChildArgs {
   bool keep_root_uid;
   const char* tmp_dir;
   const char* dev_dir;
+  bool bound_dev_tmp;  // /dev and /tmp are bind mounts (snapshot-ready)
   int last_cap;
   char* const* argv;
   char* const* envp;
@@ -522,18 +525,21 @@ int ChildMain(void* arg) {
               nullptr) != 0)
       ChildFail(a, 8);
   }
-  if (mount("dev", a->dev_dir, "tmpfs", MS_NOSUID | MS_NOEXEC,
-            "mode=0755,size=64k") != 0)
-    ChildFail(a, 6);
-  for (const auto& d : a->devs) {
-    if (mknod(d.path, S_IFCHR | 0666, makedev(1, d.minor)) != 0 ||
-        chmod(d.path, 0666) != 0)
+  if (!a->bound_dev_tmp) {
+    if (mount("dev", a->dev_dir, "tmpfs", MS_NOSUID | MS_NOEXEC,
+              "mode=0755,size=64k") != 0)
       ChildFail(a, 6);
+    for (const auto& d : a->devs) {
+      if (mknod(d.path, S_IFCHR | 0666, makedev(1, d.minor)) != 0 ||
+          chmod(d.path, 0666) != 0)
+        ChildFail(a, 6);
+    }
   }
   if (mount("proc", a->proc_dir, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
             a->proc_opts) != 0)
     ChildFail(a, 9);
-  if (mount("tmp", a->tmp_dir, "tmpfs", MS_NOSUID | MS_NODEV, a->tmp_opts) != 0)
+  if (!a->bound_dev_tmp &&
+      mount("tmp", a->tmp_dir, "tmpfs", MS_NOSUID | MS_NODEV, a->tmp_opts) != 0)
     ChildFail(a, 10);
   if (chdir(a->root) != 0) ChildFail(a, 11);
   if (syscall(SYS_pivot_root, ".", ".oldroot") != 0) ChildFail(a, 12);
@@ -809,6 +815,76 @@ std::vector<pid_t> ProcessTree(pid_t pid) {
   return out;
 }
 
+absl::Status PrepareDevDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  struct statvfs vfs;
+  if (statvfs(dir.c_str(), &vfs) == 0 && (vfs.f_flag & ST_NODEV))
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, " is on a nodev filesystem"));
+  chmod(dir.c_str(), 0755);
+  for (auto [name, minor] :
+       std::initializer_list<std::pair<const char*, unsigned>>{
+           {"null", 3},
+           {"zero", 5},
+           {"full", 7},
+           {"random", 8},
+           {"urandom", 9}}) {
+    std::string path = dir + "/" + name;
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode) &&
+        st.st_rdev == makedev(1, minor))
+      continue;
+    unlink(path.c_str());
+    if (mknod(path.c_str(), S_IFCHR | 0666, makedev(1, minor)) != 0 ||
+        chmod(path.c_str(), 0666) != 0)
+      return absl::InternalError(
+          absl::StrCat("mknod ", path, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MountTmp(const std::string& dir, uint64_t bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  std::string opts = absl::StrCat("mode=1777,size=", bytes);
+  if (mount("silt-tmp", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV,
+            opts.c_str()) != 0)
+    return absl::InternalError(
+        absl::StrCat("mounting /tmp for an instance: ", strerror(errno)));
+  return absl::OkStatus();
+}
+
+absl::Status LoopbackUp(pid_t pid) {
+  absl::Status result = absl::OkStatus();
+  // setns moves only the calling thread: use a short-lived one.
+  std::thread t([&] {
+    std::string path = absl::StrCat("/proc/", pid, "/ns/net");
+    int ns = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) {
+      result = absl::InternalError(
+          absl::StrCat("entering ", path, ": ", strerror(errno)));
+      if (ns >= 0) close(ns);
+      return;
+    }
+    close(ns);
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof(ifr));
+    memcpy(ifr.ifr_name, "lo", 3);
+    if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0) {
+      result = absl::InternalError("reading loopback flags failed");
+    } else {
+      ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
+      if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0)
+        result = absl::InternalError("bringing loopback up failed");
+    }
+    if (s >= 0) close(s);
+  });
+  t.join();
+  return result;
+}
+
 absl::Status PrepareRootSkeleton(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -882,6 +958,15 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
       return absl::InvalidArgumentError(
           "a snapshot-ready sandbox needs run_dir");
     bind(spec.run_dir, kSandboxRunDir, /*rw=*/true);
+    // CRIU archives the contents of a sandbox's own tmpfs mounts with tar at
+    // every dump and restore (milliseconds each): snapshot-ready sandboxes
+    // bind /dev (device nodes only) and /tmp (a tmpfs the invoker mounted)
+    // instead, and a restore binds a fresh /tmp.
+    if (!spec.dev_dir.empty() && !spec.tmp_dir.empty()) {
+      bind(spec.dev_dir, "/dev");
+      bind(spec.tmp_dir, "/tmp", /*rw=*/true);
+      a.bound_dev_tmp = true;
+    }
   }
   a.keep_root_uid = spec.snapshot_ready;
   // Snapshot-ready instances run as uid 0 (without capabilities): their /proc

@@ -50,6 +50,10 @@ struct SandboxSpec {
   // CAP_SYS_RESOURCE, without which CRIU cannot dump another uid's rlimits.
   bool snapshot_ready = false;
   std::string run_dir;  // host dir → kSandboxRunDir (rw), snapshot-ready only
+  // Snapshot-ready, optional: host dirs bound as /dev (ro; holds the device
+  // nodes, see PrepareDevDir) and /tmp (rw; a size-limited tmpfs).
+  std::string dev_dir;
+  std::string tmp_dir;
   int channel_fd = -1;  // becomes fd 3 inside
   int stdout_fd = -1;   // becomes fd 1
   int stderr_fd = -1;   // becomes fd 2
@@ -109,6 +113,17 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
 // Makes `dir` the empty skeleton of a sandbox root (mount points and the
 // /bin → usr/bin style links) for CRIU to restore a sandbox into.
 absl::Status PrepareRootSkeleton(const std::string& dir);
+
+// Fills `dir` with the device nodes sandboxes get (null, zero, full, random,
+// urandom). FailedPrecondition when its filesystem does not allow devices.
+absl::Status PrepareDevDir(const std::string& dir);
+
+// Mounts a tmpfs of `bytes` at `dir` (an instance's /tmp).
+absl::Status MountTmp(const std::string& dir, uint64_t bytes);
+
+// Brings loopback up in the network namespace of `pid` (a restored instance's
+// namespace starts empty).
+absl::Status LoopbackUp(pid_t pid);
 
 // All processes of the tree rooted at `pid` (itself included), as seen from
 // here.

@@ -3,6 +3,7 @@
 #include <criu/criu.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
@@ -337,6 +338,7 @@ absl::StatusOr<pid_t> Restore(const RestoreOptions& o) {
   criu_local_set_work_dir_fd(c, work);
   criu_local_set_log_file(c, "restore.log");
   criu_local_set_root(c, o.root_dir.c_str());
+  if (o.empty_net) criu_local_set_empty_ns(c, CLONE_NEWNET);
   for (const auto& m : o.mounts)
     criu_local_add_ext_mount(c, m.key.c_str(), m.host_dir.c_str());
   int pid = criu_local_restore_child(c);
@@ -374,6 +376,10 @@ absl::StatusOr<pid_t> RestoreWithCli(const RestoreOptions& o) {
                                    "-d",
                                    "--pidfile",
                                    pidfile};
+  if (o.empty_net) {
+    args.push_back("--empty-ns");
+    args.push_back("net");
+  }
   for (const auto& m : o.mounts) {
     args.push_back("--ext-mount-map");
     args.push_back(m.key + ":" + m.host_dir);

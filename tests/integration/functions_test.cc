@@ -11,12 +11,14 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/gateway_process.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -87,12 +89,25 @@ class FunctionsTest : public ::testing::Test {
         {{"OPENFAAS_CONFIG", dir_ + "/config"}, {"OPENFAAS_URL", gw_->url()}});
   }
 
-  void StartInvoker(const std::string& name) {
-    auto p = Process::Start({SILT_INVOKER_BIN, "--gateway", gw_->grpc_address(),
-                             "--listen", "127.0.0.1:0", "--data-dir",
-                             dir_ + "/" + name, "--node-name", name,
-                             "--idle-timeout", "1", "--report-interval-ms",
-                             "100", "--max-queue", "1"});
+  void StartInvoker(const std::string& name,
+                    std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {SILT_INVOKER_BIN,
+                                     "--gateway",
+                                     gw_->grpc_address(),
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--data-dir",
+                                     dir_ + "/" + name,
+                                     "--node-name",
+                                     name,
+                                     "--idle-timeout",
+                                     "1",
+                                     "--report-interval-ms",
+                                     "100",
+                                     "--max-queue",
+                                     "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto p = Process::Start(args);
     ASSERT_TRUE(p.ok()) << p.status();
     auto line = p->WaitForLine("listening on ", std::chrono::seconds(30));
     ASSERT_TRUE(line.ok()) << line.status();
@@ -307,7 +322,11 @@ TEST_F(FunctionsTest, ScaleUpToZeroAndBackFromZero) {
   auto r = Invoke("GET", "/function/probe/state");
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body, "initialized:probe");
-  EXPECT_EQ(r.Header("X-Silt-Start"), "boot");  // scaled from zero
+  // Scaled from zero: a cold start, from the snapshot the first boot took.
+  EXPECT_TRUE(r.Header("X-Silt-Start") == "boot" ||
+              r.Header("X-Silt-Start") == "restore" ||
+              r.Header("X-Silt-Start") == "fork")
+      << r.Header("X-Silt-Start");
 }
 
 TEST_F(FunctionsTest, KilledInvokerItsFunctionsMoveToTheOther) {
@@ -403,6 +422,218 @@ TEST(SiltLocal, StartsGatewayAndInvokerAndStopsCleanly) {
   int status = p->Stop(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   std::filesystem::remove_all(dir);
+}
+
+// ---- snapshots (CRIU): checkpoint after init, restore, fork ----
+
+class SnapshotTest : public FunctionsTest {
+ protected:
+  void SetUp() override {
+    FunctionsTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    auto v = RunCommand({"/usr/local/sbin/criu", "--version"});
+    if (v.exit_code != 0)
+      GTEST_SKIP() << "CRIU 4.1 is not installed: run deploy/setup.sh";
+  }
+
+  // The function's snapshots as the gateway's catalog lists them.
+  json Snapshots(const std::string& name) {
+    auto r = gw_->Call("GET", "/system/snapshots/" + name);
+    if (r.status != 200) return json::array();
+    return json::parse(r.body);
+  }
+
+  // Waits until the current version has a snapshot on `nodes` nodes.
+  std::string WaitSnapshot(const std::string& name, size_t nodes = 1) {
+    std::string id;
+    EXPECT_TRUE(Eventually([&] {
+      for (const auto& s : Snapshots(name)) {
+        if (s.value("current", false) && s["nodes"].size() >= nodes) {
+          id = s.value("id", "");
+          return true;
+        }
+      }
+      return false;
+    })) << Snapshots(name).dump();
+    return id;
+  }
+
+  deploy::HttpResult Cold(const std::string& tier, const std::string& path) {
+    return Invoke("GET", path, "", {{"X-Silt-Cold-Start", tier}});
+  }
+};
+
+TEST_F(SnapshotTest, RestoreAndForkKeepInitState) {
+  Deploy({{"service", "probe"}, {"envVars", {{"STATE_MB", "8"}}}});
+  auto r = Invoke("GET", "/function/probe/heap");
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::string id = WaitSnapshot("probe");
+  ASSERT_FALSE(id.empty());
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/node-a/snapshots/" + id +
+                                      "/manifest.json"));
+
+  for (const char* tier : {"restore", "fork", "boot"}) {
+    r = Cold(tier, "/function/probe/heap");
+    EXPECT_EQ(r.status, 200) << tier << ": " << r.body;
+    EXPECT_EQ(r.body, "8 MiB intact") << tier;
+    EXPECT_EQ(r.Header("X-Silt-Start"), tier);
+    double ms = -1;
+    EXPECT_TRUE(absl::SimpleAtod(r.Header("X-Silt-Start-Ms"), &ms) && ms > 0)
+        << tier << " " << r.Header("X-Silt-Start-Ms");
+    r = Cold(tier, "/function/probe/state");
+    EXPECT_EQ(r.body, "initialized:probe") << tier;
+  }
+  r = Invoke("GET", "/function/probe", "", {{"X-Silt-Cold-Start", "later"}});
+  EXPECT_EQ(r.status, 400);
+
+  auto d = Silt({"describe", "probe"});
+  EXPECT_NE(d.out.find("Snapshot:         ready (" + id), std::string::npos)
+      << d.out;
+  auto l = Silt({"snapshot", "list"});
+  EXPECT_NE(l.out.find(id), std::string::npos) << l.out;
+  EXPECT_NE(l.out.find("node-a"), std::string::npos) << l.out;
+  auto metrics = deploy::Send({.url = gw_->metrics_url() + "/metrics"}).value();
+  EXPECT_NE(metrics.body.find("tier=\"restore\""), std::string::npos);
+  EXPECT_NE(metrics.body.find("tier=\"fork\""), std::string::npos);
+}
+
+TEST_F(SnapshotTest, TenConcurrentColdStartsRestoreFromOneImage) {
+  Deploy({{"service", "probe"}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  WaitSnapshot("probe");
+  std::vector<deploy::HttpResult> results(10);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 10; ++i)
+    threads.emplace_back(
+        [&, i] { results[i] = Cold("restore", "/function/probe/identity"); });
+  for (auto& t : threads) t.join();
+  std::set<std::string> ids;
+  for (const auto& r : results) {
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.Header("X-Silt-Start"), "restore");
+    ids.insert(r.body);
+  }
+  EXPECT_EQ(ids.size(), 10u) << "each clone has its own identity";
+}
+
+TEST_F(SnapshotTest, ClonesDrawDifferentRandomNumbers) {
+  Deploy({{"service", "probe"}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  WaitSnapshot("probe");
+  for (const char* tier : {"fork", "restore"}) {
+    auto a = Cold(tier, "/function/probe/random");
+    auto b = Cold(tier, "/function/probe/random");
+    ASSERT_EQ(a.status, 200) << a.body;
+    ASSERT_EQ(b.status, 200) << b.body;
+    std::vector<std::string> fa = absl::StrSplit(a.body, ' ');
+    std::vector<std::string> fb = absl::StrSplit(b.body, ' ');
+    ASSERT_EQ(fa.size(), 3u);
+    ASSERT_EQ(fb.size(), 3u);
+    EXPECT_NE(fa[0], fb[0]) << tier << ": the after-restore hook reseeds";
+    EXPECT_NE(fa[1], fb[1]) << tier << ": random() is reseeded by Silt";
+    EXPECT_EQ(fa[2], "1") << tier << ": the hook ran once";
+  }
+}
+
+TEST_F(SnapshotTest, CorruptedImageNeverRestoresTheCallBoots) {
+  Deploy({{"service", "probe"}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  std::string id = WaitSnapshot("probe");
+  std::string pages = dir_ + "/node-a/snapshots/" + id + "/pages-1.img";
+  ASSERT_TRUE(std::filesystem::exists(pages));
+  {
+    std::fstream f(pages, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(100);
+    f.write(&c, 1);
+  }
+  auto r = Invoke("GET", "/function/probe/state", "",
+                  {{"X-Silt-Cold-Start", "restore"}});
+  EXPECT_NE(r.status, 200) << "a corrupted image must not restore";
+  // A normal cold start falls back to booting, and snapshots again.
+  ASSERT_EQ(gw_->Call("POST", "/system/scale-function/probe",
+                      R"({"serviceName":"probe","replicas":0})")
+                .status,
+            200);
+  EXPECT_TRUE(Eventually([&] { return Available("probe") == 0; }));
+  r = Invoke("GET", "/function/probe/state");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "initialized:probe");
+  EXPECT_EQ(r.Header("X-Silt-Start"), "boot");
+  auto logs = Silt({"logs", "probe"});
+  EXPECT_NE(logs.out.find("does not match its checksum"), std::string::npos)
+      << logs.out;
+  WaitSnapshot("probe");
+  // Truncated: the same.
+  std::filesystem::resize_file(pages, std::filesystem::file_size(pages) / 2);
+  r = Cold("restore", "/function/probe/state");
+  EXPECT_NE(r.status, 200);
+  r = Invoke("GET", "/function/probe/state");
+  EXPECT_EQ(r.status, 200);
+}
+
+TEST_F(SnapshotTest, InvokerWithoutTheImageFetchesItFromAPeer) {
+  Deploy({{"service", "probe"}, {"envVars", {{"STATE_MB", "4"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/heap").status, 200);
+  std::string id = WaitSnapshot("probe");
+  StartInvoker("node-b");
+  WaitNodes(2);
+  // A replica on node-b: its first instance restores from node-a's image.
+  ASSERT_EQ(gw_->Call("POST", "/system/scale-function/probe",
+                      R"({"serviceName":"probe","replicas":2})")
+                .status,
+            200);
+  WaitSnapshot("probe", 2);
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/node-b/snapshots/" + id +
+                                      "/manifest.json"));
+  auto logs = Silt({"logs", "probe"});
+  EXPECT_EQ(logs.out.find("restore failed"), std::string::npos) << logs.out;
+}
+
+TEST_F(SnapshotTest, UpdateInvalidatesDeleteRemoves) {
+  Deploy({{"service", "probe"}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  std::string first = WaitSnapshot("probe");
+  Deploy({{"service", "probe"}, {"envVars", {{"V", "2"}}}});
+  auto r = Invoke("GET", "/function/probe/env?name=V");
+  EXPECT_EQ(r.body, "2");
+  std::string second = WaitSnapshot("probe");
+  EXPECT_NE(first, second);
+  EXPECT_TRUE(Eventually([&] {
+    return !std::filesystem::exists(dir_ + "/node-a/snapshots/" + first);
+  }));
+  r = Cold("restore", "/function/probe/env?name=V");
+  EXPECT_EQ(r.body, "2") << "restores come from the new version's image";
+
+  auto del = Silt({"snapshot", "delete", "probe"});
+  EXPECT_EQ(del.exit_code, 0) << del.err;
+  EXPECT_TRUE(Eventually([&] {
+    return !std::filesystem::exists(dir_ + "/node-a/snapshots/" + second);
+  }));
+  auto removed =
+      gw_->Call("DELETE", "/system/functions", R"({"functionName":"probe"})");
+  ASSERT_TRUE(removed.status == 200 || removed.status == 202) << removed.body;
+  EXPECT_TRUE(Eventually([&] {
+    return std::filesystem::is_empty(dir_ + "/node-a/snapshots") &&
+           gw_->Call("GET", "/system/snapshots").body == "[]";
+  }));
+  EXPECT_EQ(gw_->Call("GET", "/system/snapshots/probe").status, 404);
+}
+
+TEST_F(SnapshotTest, NoSnapshotLabelAlwaysBoots) {
+  Deploy({{"service", "probe"}, {"labels", {{"com.silt.snapshot", "false"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  auto r = Cold("boot", "/function/probe/state");
+  EXPECT_EQ(r.Header("X-Silt-Start"), "boot");
+  r = Cold("restore", "/function/probe/state");
+  EXPECT_NE(r.status, 200);
+  EXPECT_NE(r.body.find("does not use snapshots"), std::string::npos) << r.body;
+  EXPECT_TRUE(Snapshots("probe").empty());
+  auto d = Silt({"describe", "probe"});
+  EXPECT_NE(d.out.find("Snapshot:         off"), std::string::npos) << d.out;
 }
 
 }  // namespace

@@ -89,6 +89,10 @@ struct RestoreOptions {
   std::string root_dir;  // empty directory with the sandbox's mount points
   std::string work_dir;  // writable, for restore.log
   std::vector<ExternalMount> mounts;
+  // Give the tree a new, empty network namespace instead of replaying the
+  // dumped one (CRIU runs ip and iptables-restore for that: tens of ms). The
+  // caller brings loopback up.
+  bool empty_net = true;
 };
 
 // Restores the tree as a child of the caller; returns the new root's PID (in

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,9 +30,35 @@ std::string Param(std::string_view query, std::string_view key) {
 }
 
 std::string init_state;
+// STATE_MB of heap filled in init (the cold-start benchmark's state), and a
+// checksum of it that calls recompute.
+std::vector<char> state;
+uint64_t state_sum = 0;
+std::mt19937_64 engine;
+int restores = 0;
+
+uint64_t Sum(const std::vector<char>& v) {
+  uint64_t s = 0;
+  for (size_t i = 0; i < v.size(); i += 4096) s = s * 31 + v[i];
+  return s;
+}
 
 void Init(silt::Context& ctx) {
   init_state = "initialized:" + std::string(ctx.function_name());
+  if (const char* mb = getenv("STATE_MB")) {
+    state.resize(std::strtoul(mb, nullptr, 10) << 20);
+    for (size_t i = 0; i < state.size(); i += 4096)
+      state[i] = static_cast<char>(i / 4096 * 7);
+    state_sum = Sum(state);
+  }
+  engine.seed(std::random_device{}());
+}
+
+// What a function does in its after-restore hook: re-seed what it seeded in
+// init, so that clones of one snapshot do not share a random stream.
+void AfterRestore(silt::Context&) {
+  engine.seed(std::random_device{}());
+  ++restores;
 }
 
 silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
@@ -72,6 +99,17 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
   }
   if (path == "/redirect") return {302, {{"Location", "/elsewhere"}}, ""};
   if (path == "/state") return silt::Response::Text(200, init_state);
+  if (path == "/heap") {
+    bool ok = Sum(state) == state_sum;
+    return silt::Response::Text(ok ? 200 : 500,
+                                std::to_string(state.size() >> 20) +
+                                    (ok ? " MiB intact" : " MiB CORRUPTED"));
+  }
+  if (path == "/random") {
+    return silt::Response::Text(200, std::to_string(engine()) + " " +
+                                         std::to_string(random()) + " " +
+                                         std::to_string(restores));
+  }
   if (path == "/identity")
     return silt::Response::Text(200, std::string(ctx.instance_id()));
   // Echo: what the function saw.
@@ -95,3 +133,4 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
 
 SILT_INIT(Init)
 SILT_HANDLER(Handle)
+SILT_AFTER_RESTORE(AfterRestore)
