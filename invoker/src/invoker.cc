@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -10,6 +11,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysinfo.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -1085,20 +1087,15 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 
   // The host PID of `parent`'s child whose PID in the sandbox is `ns_pid`.
   static pid_t HostPidOfChild(pid_t parent, const std::string& ns_pid) {
-    std::error_code ec;
-    std::string dir = absl::StrCat("/proc/", parent, "/task");
-    for (const auto& t : std::filesystem::directory_iterator(dir, ec)) {
-      std::ifstream kids(t.path().string() + "/children");
-      pid_t c;
-      while (kids >> c) {
-        std::ifstream status(absl::StrCat("/proc/", c, "/status"));
-        std::string line;
-        while (std::getline(status, line)) {
-          if (!absl::StartsWith(line, "NSpid:")) continue;
-          std::vector<std::string> parts =
-              absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-          if (!parts.empty() && parts.back() == ns_pid) return c;
-        }
+    for (pid_t c : ProcessTree(parent)) {
+      if (c == parent) continue;
+      std::ifstream status(absl::StrCat("/proc/", c, "/status"));
+      std::string line;
+      while (std::getline(status, line)) {
+        if (!absl::StartsWith(line, "NSpid:")) continue;
+        std::vector<std::string> parts =
+            absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+        if (!parts.empty() && parts.back() == ns_pid) return c;
       }
     }
     return -1;
@@ -1770,22 +1767,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 };
 
 absl::Status PrepareProcess() {
-  struct statfs_probe {
-    static bool IsTmpfs(const char* path) {
-      std::ifstream mounts("/proc/self/mountinfo");
-      std::string line;
-      bool tmpfs = false;
-      while (std::getline(mounts, line)) {
-        std::vector<std::string> f = absl::StrSplit(line, ' ');
-        if (f.size() < 10 || f[4] != path) continue;
-        auto dash = std::find(f.begin(), f.end(), "-");
-        tmpfs =
-            dash != f.end() && dash + 1 != f.end() && *(dash + 1) == "tmpfs";
-      }
-      return tmpfs;
-    }
-  };
-  if (statfs_probe::IsTmpfs("/run")) return absl::OkStatus();
+  struct statfs run;
+  if (statfs("/run", &run) == 0 && run.f_type == TMPFS_MAGIC)
+    return absl::OkStatus();
   if (unshare(CLONE_NEWNS) != 0)
     return absl::FailedPreconditionError(
         absl::StrCat("no private mount namespace (", strerror(errno),

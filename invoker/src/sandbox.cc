@@ -400,6 +400,10 @@ std::string ControllerRoot(const std::string& controller) {
 constexpr int kMaxMounts = 16;
 constexpr int kMaxArgs = 256;
 
+// The character devices (major 1) every sandbox's /dev holds.
+constexpr std::pair<const char*, unsigned> kDevices[] = {
+    {"null", 3}, {"zero", 5}, {"full", 7}, {"random", 8}, {"urandom", 9}};
+
 // The sandbox root's mount points and links (the same for a spawn and a CRIU
 // restore skeleton).
 struct Layout {
@@ -823,13 +827,7 @@ absl::Status PrepareDevDir(const std::string& dir) {
     return absl::FailedPreconditionError(
         absl::StrCat(dir, " is on a nodev filesystem"));
   chmod(dir.c_str(), 0755);
-  for (auto [name, minor] :
-       std::initializer_list<std::pair<const char*, unsigned>>{
-           {"null", 3},
-           {"zero", 5},
-           {"full", 7},
-           {"random", 8},
-           {"urandom", 9}}) {
+  for (const auto& [name, minor] : kDevices) {
     std::string path = dir + "/" + name;
     struct stat st;
     if (stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode) &&
@@ -928,13 +926,7 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
   a.dev_dir = keep(spec.root_dir + "/dev");
   {
     int i = 0;
-    for (auto [name, minor] :
-         std::initializer_list<std::pair<const char*, unsigned>>{
-             {"null", 3},
-             {"zero", 5},
-             {"full", 7},
-             {"random", 8},
-             {"urandom", 9}}) {
+    for (const auto& [name, minor] : kDevices) {
       a.devs[i++] = {keep(absl::StrCat(spec.root_dir, "/dev/", name)), minor};
     }
   }
