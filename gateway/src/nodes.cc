@@ -618,6 +618,9 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
                            &port);
+  // gRPC binds with SO_REUSEPORT by default: a second gateway on the same
+  // port would silently share the invokers' connections. Fail instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   builder.RegisterService(impl.get());

@@ -1836,6 +1836,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
                            &port);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // see nodes.cc
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
   // Invoke handlers block while their instance works: keep the handler threads

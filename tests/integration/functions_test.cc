@@ -566,7 +566,12 @@ TEST_F(SnapshotTest, CorruptedImageNeverRestoresTheCallBoots) {
   auto logs = Silt({"logs", "probe"});
   EXPECT_NE(logs.out.find("does not match its checksum"), std::string::npos)
       << logs.out;
-  WaitSnapshot("probe");
+  // The catalog may still list the dropped image for a report interval: wait
+  // for the new one on disk (sealed by rename, so the manifest is last).
+  ASSERT_TRUE(Eventually([&] {
+    return std::filesystem::exists(dir_ + "/node-a/snapshots/" + id +
+                                   "/manifest.json");
+  }));
   // Truncated: the same.
   std::filesystem::resize_file(pages, std::filesystem::file_size(pages) / 2);
   r = Cold("restore", "/function/probe/state");

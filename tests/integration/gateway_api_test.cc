@@ -567,11 +567,24 @@ TEST_F(GatewayApiTest, CrashLosesNoAcknowledgedWrite) {
 }
 
 TEST_F(GatewayApiTest, SecondGatewayOnSameDataDirFailsClearly) {
-  auto other =
-      RunCommand({SILT_GATEWAY_BIN, "--listen", "127.0.0.1:0",
-                  "--metrics-listen", "127.0.0.1:0", "--data-dir", dir_});
+  auto other = RunCommand({SILT_GATEWAY_BIN, "--listen", "127.0.0.1:0",
+                           "--metrics-listen", "127.0.0.1:0", "--grpc-listen",
+                           "127.0.0.1:0", "--data-dir", dir_});
   EXPECT_EQ(other.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(other.err, "another process")) << other.err;
+}
+
+TEST_F(GatewayApiTest, SecondGatewayOnSameInvokerPortFailsClearly) {
+  // gRPC would share the port (SO_REUSEPORT) and split the invokers between
+  // the two gateways; the gateway turns that off.
+  std::string other_dir = MakeTempDir("silt-gw-other");
+  auto other = RunCommand({SILT_GATEWAY_BIN, "--listen", "127.0.0.1:0",
+                           "--metrics-listen", "127.0.0.1:0", "--grpc-listen",
+                           gw_->grpc_address(), "--data-dir", other_dir});
+  std::filesystem::remove_all(other_dir);
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(other.err, "cannot listen for invokers"))
+      << other.err;
 }
 
 }  // namespace
