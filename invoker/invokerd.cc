@@ -47,12 +47,16 @@ int main(int argc, char** argv) {
   bool no_snapshots = false;
   app.add_flag("--no-snapshots", no_snapshots,
                "Always boot instances (no checkpoints, restores or forks)");
+  bool criu_restore = false;
+  app.add_flag("--criu-restore", criu_restore,
+               "Restore every snapshot with CRIU (not silt-restorer)");
   uint64_t template_mib = o.template_memory_bytes >> 20;
   app.add_option("--template-memory-mib", template_mib,
                  "Memory for resident fork templates (0: no fork tier)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   o.snapshots = !no_snapshots;
+  o.fast_restore = !criu_restore;
   o.template_memory_bytes = template_mib << 20;
   o.idle_timeout = std::chrono::seconds(idle_s);
   o.report_interval = std::chrono::milliseconds(report_ms);

@@ -43,6 +43,7 @@
 #include "proclets/bundle.h"
 #include "sandbox.h"
 #include "snapshot/criu.h"
+#include "snapshot/fast_restore.h"
 #include "snapshot/image.h"
 
 namespace silt::invoker {
@@ -274,8 +275,10 @@ struct Instance {
   // A clone keeps its template (and so its PID namespace) alive.
   std::shared_ptr<Template> tmpl;
   bool tmp_mounted = false;  // base_dir/tmp is a tmpfs of ours
+  int listener = -1;         // a ready restorer's run/s
   ~Instance() {
     if (channel >= 0) close(channel);
+    if (listener >= 0) close(listener);
     if (proc) proc->Kill();
     proc.reset();
     if (tmp_mounted) umount2((base_dir + "/tmp").c_str(), MNT_DETACH);
@@ -376,6 +379,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     std::shared_ptr<Template> tmpl;
     bool template_starting = false;
     Clock::time_point template_retry_after;
+    // A silt-restorer waiting in a ready sandbox for the next restore.
+    std::unique_ptr<Instance> restorer;
+    bool restorer_starting = false;
   };
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Pool>> pools;  // key ns/name
@@ -387,7 +393,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::string snapshot_dir;  // DATA_DIR/snapshots
   std::string dev_dir;       // DATA_DIR/dev: device nodes bound as /dev
   bool bind_dev_tmp = false;
-  bool snapshots_on = false;  // options.snapshots and CRIU 4.1+ present
+  bool snapshots_on = false;     // options.snapshots and CRIU 4.1+ present
+  bool fast_restore_on = false;  // silt-restorer is installed
+  // Restore plans by image id; images the restorer cannot take (CRIU
+  // restores those).
+  std::map<std::string, std::shared_ptr<const snapshot::FastPlan>> plans;
+  std::set<std::string> no_fast;
   int criu_version = 0;
   bool have_assignment = false;
 
@@ -523,6 +534,31 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     return absl::OkStatus();
   }
 
+  // The sandbox of an instance of `spec` (argv, env and fds are the
+  // caller's).
+  absl::Status SandboxFor(const FunctionSpec& spec, const Bundle& bundle,
+                          Instance& inst, bool snapshot_ready,
+                          SandboxSpec* sb) {
+    sb->root_dir = inst.base_dir + "/root";
+    sb->bundle_dir = bundle.dir;
+    sb->secrets_dir = inst.base_dir + "/secrets";
+    sb->worker_dir = worker_dir;
+    sb->snapshot_ready = snapshot_ready;
+    sb->run_dir = inst.base_dir + "/run";
+    if (snapshot_ready && bind_dev_tmp) {
+      if (auto s = MountTmp(inst.base_dir + "/tmp", sb->tmp_bytes); !s.ok())
+        return s;
+      inst.tmp_mounted = true;
+      sb->dev_dir = dev_dir;
+      sb->tmp_dir = inst.base_dir + "/tmp";
+    }
+    sb->hostname = spec.name();
+    sb->cgroup = absl::StrCat("silt/", cgroup_id, "/", inst.id);
+    sb->memory_limit_bytes = spec.memory_limit_bytes();
+    sb->cpu_millis = spec.cpu_millis();
+    return absl::OkStatus();
+  }
+
   // Boot: a new sandbox, silt-worker, the function's init.
   absl::StatusOr<std::unique_ptr<Instance>> StartInstance(
       const FunctionSpec& spec, const Bundle& bundle,
@@ -540,18 +576,13 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
 
     SandboxSpec sb;
-    sb.root_dir = inst->base_dir + "/root";
-    sb.bundle_dir = bundle.dir;
-    sb.secrets_dir = inst->base_dir + "/secrets";
-    sb.worker_dir = worker_dir;
-    sb.snapshot_ready = snapshot_ready;
-    sb.run_dir = inst->base_dir + "/run";
-    if (snapshot_ready && bind_dev_tmp) {
-      if (auto s = MountTmp(inst->base_dir + "/tmp", sb.tmp_bytes); !s.ok())
-        return s;
-      inst->tmp_mounted = true;
-      sb.dev_dir = dev_dir;
-      sb.tmp_dir = inst->base_dir + "/tmp";
+    if (auto s = SandboxFor(spec, bundle, *inst, snapshot_ready, &sb);
+        !s.ok()) {
+      close(chan[0]);
+      close(chan[1]);
+      close(out_w);
+      close(err_w);
+      return s;
     }
     sb.argv = {kSandboxWorkerPath};
     sb.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8",
@@ -560,10 +591,6 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       sb.env.push_back(absl::StrCat(k, "=", v));
     if (!spec.env_process().empty() && !spec.env().contains("fprocess"))
       sb.env.push_back("fprocess=" + spec.env_process());
-    sb.hostname = spec.name();
-    sb.cgroup = absl::StrCat("silt/", cgroup_id, "/", inst->id);
-    sb.memory_limit_bytes = spec.memory_limit_bytes();
-    sb.cpu_millis = spec.cpu_millis();
     sb.channel_fd = chan[1];
     sb.stdout_fd = out_w;
     sb.stderr_fd = err_w;
@@ -672,12 +699,16 @@ struct Invoker::Impl final : public v1::Invoker::Service {
                              pid_t pid, int listener) {
     kill(pid, SIGUSR1);
     pollfd p{listener, POLLIN, 0};
-    int r;
-    while ((r = poll(&p, 1, 10000)) < 0 && errno == EINTR) {
+    int r = 0;
+    for (int waited = 0; r != 1 && waited < 10000; waited += 20) {
+      r = poll(&p, 1, 20);
+      if (r < 0 && errno != EINTR) break;
+      if (r != 1 && !Alive(pid)) break;
     }
     if (r != 1)
       return absl::UnavailableError(absl::StrCat(
-          "instance ", inst.id, " did not reconnect after restore"));
+          "instance ", inst.id, " did not reconnect after restore (",
+          Alive(pid) ? "timed out" : "it died", ")"));
     int chan = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
     if (chan < 0) return absl::InternalError("accept failed");
     if (inst.channel >= 0) close(inst.channel);
@@ -702,6 +733,16 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       return absl::FailedPreconditionError(
           absl::StrCat("instance ", inst.id, " failed to resume"));
     return absl::OkStatus();
+  }
+
+  // Not a zombie, not gone.
+  static bool Alive(pid_t pid) {
+    std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+    std::string stat;
+    std::getline(in, stat);
+    size_t paren = stat.rfind(')');
+    return paren != std::string::npos && paren + 2 < stat.size() &&
+           stat[paren + 2] != 'Z' && stat[paren + 2] != 'X';
   }
 
   uint64_t Seed() {
@@ -937,11 +978,184 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     return grpc::Status::OK;
   }
 
-  // Restore: a new instance from the image on this node.
-  // With `plain_criu`, the `criu restore` command replays everything itself
-  // (the network namespace included): the benchmark's baseline tier.
+  // Restore: a new instance from the image on this node, by silt-restorer
+  // when the image allows it, else by CRIU. With `plain_criu`, the `criu
+  // restore` command replays everything itself (the network namespace
+  // included): the benchmark's baseline tier.
   absl::StatusOr<std::unique_ptr<Instance>> RestoreInstance(
       Pool& pool, bool plain_criu = false) {
+    if (!plain_criu && fast_restore_on) {
+      auto inst = FastRestore(pool);
+      if (inst.ok() || absl::IsNotFound(inst.status())) return inst;
+      if (!absl::IsFailedPrecondition(inst.status()) ||
+          !absl::StrContains(inst.status().message(), "without CRIU")) {
+        fprintf(stderr,
+                "silt-invoker: fast restore of %s failed (%s); restoring "
+                "with CRIU\n",
+                pool.snapshot_id.c_str(),
+                std::string(inst.status().message()).c_str());
+        logs.Append(
+            Key(pool.spec.namespace_(), pool.spec.name()), "invoker",
+            absl::StrCat("silt: fast restore failed (", inst.status().message(),
+                         "); restoring with CRIU"));
+      } else if (getenv("SILT_TRACE")) {
+        fprintf(stderr, "TRACE fast restore refused: %s\n",
+                std::string(inst.status().message()).c_str());
+      }
+    }
+    return CriuRestoreInstance(pool, plain_criu);
+  }
+
+  // The restore plan of image `id`, digested once.
+  absl::StatusOr<std::shared_ptr<const snapshot::FastPlan>> PlanFor(
+      const std::string& id) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (no_fast.contains(id))
+        return absl::FailedPreconditionError(
+            "not restorable without CRIU (seen before)");
+      if (auto it = plans.find(id); it != plans.end()) return it->second;
+    }
+    auto plan = snapshot::BuildRestorePlan(ImageDir(id));
+    std::lock_guard<std::mutex> l(mu);
+    if (!plan.ok()) {
+      no_fast.insert(id);
+      return plan.status();
+    }
+    auto p = std::make_shared<const snapshot::FastPlan>(*std::move(plan));
+    plans[id] = p;
+    return p;
+  }
+
+  void NoFastRestore(const std::string& id) {
+    std::lock_guard<std::mutex> l(mu);
+    no_fast.insert(id);
+    plans.erase(id);
+  }
+
+  // A silt-restorer in a sandbox of `pool`'s function: namespaces, cgroup,
+  // mounts, credentials and seccomp ready, waiting for a plan.
+  absl::StatusOr<std::unique_ptr<Instance>> SpawnRestorer(Pool& pool) {
+    auto inst = NewInstance(pool.spec);
+    inst->tier = "restore";
+    int chan[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) != 0)
+      return absl::InternalError("socketpair failed");
+    int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    SandboxSpec sb;
+    absl::Status s = SandboxFor(pool.spec, *pool.bundle, *inst,
+                                /*snapshot_ready=*/true, &sb);
+    if (s.ok()) {
+      sb.argv = {absl::StrCat(kSandboxWorkerDir, "/silt-restorer")};
+      sb.env = {"GLIBC_TUNABLES=glibc.pthread.rseq=0"};
+      sb.channel_fd = chan[1];
+      sb.stdout_fd = null;
+      sb.stderr_fd = null;
+      auto proc = Spawn(sb);
+      if (proc.ok())
+        inst->proc = *std::move(proc);
+      else
+        s = proc.status();
+    }
+    close(chan[1]);
+    close(null);
+    inst->channel = chan[0];
+    if (!s.ok()) return s;
+    auto listener = ListenIn(inst->base_dir + "/run");
+    if (!listener.ok()) return listener.status();
+    inst->listener = *listener;
+    return inst;
+  }
+
+  // Keeps one ready restorer per function version that has an image here.
+  void TendRestorers() {
+    if (!fast_restore_on) return;
+    std::vector<std::shared_ptr<Pool>> want;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (auto& [key, pool] : pools) {
+        if (pool->restorer || pool->restorer_starting ||
+            !pool->snapshot_wanted || !images.contains(pool->snapshot_id) ||
+            no_fast.contains(pool->snapshot_id))
+          continue;
+        pool->restorer_starting = true;
+        want.push_back(pool);
+      }
+    }
+    for (auto& pool : want) {
+      auto r = SpawnRestorer(*pool);
+      std::lock_guard<std::mutex> l(mu);
+      pool->restorer_starting = false;
+      if (r.ok()) pool->restorer = *std::move(r);
+    }
+  }
+
+  // Restore by silt-restorer: hand the ready restorer the plan and the pages
+  // file; it maps the image and becomes the worker, which then reconnects.
+  absl::StatusOr<std::unique_ptr<Instance>> FastRestore(Pool& pool) {
+    auto start = Clock::now();
+    const std::string& id = pool.snapshot_id;
+    auto m = snapshot::Verify(ImageDir(id));
+    if (!m.ok()) return m.status();  // the CRIU path drops the image
+    auto plan = PlanFor(id);
+    if (!plan.ok()) return plan.status();
+    std::unique_ptr<Instance> inst;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      inst = std::move(pool.restorer);
+    }
+    if (inst == nullptr) {
+      auto r = SpawnRestorer(pool);
+      if (!r.ok()) return r.status();
+      inst = *std::move(r);
+    }
+    int pages = open((*plan)->pages_file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (pages < 0)
+      return absl::InternalError(
+          absl::StrCat("cannot open ", (*plan)->pages_file));
+    absl::Status s = SendFds(inst->channel, &pages, 1);
+    close(pages);
+    uint32_t len = static_cast<uint32_t>((*plan)->bytes.size());
+    std::string msg(reinterpret_cast<const char*>(&len), 4);
+    msg += (*plan)->bytes;
+    for (size_t off = 0; s.ok() && off < msg.size();) {
+      ssize_t n = write(inst->channel, msg.data() + off, msg.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) s = absl::UnavailableError("the restorer went away");
+      off += n > 0 ? static_cast<size_t>(n) : 0;
+    }
+    if (!s.ok()) return s;
+    // 'K': it committed; 'E' and why: it could not (nothing changed).
+    pollfd p{inst->channel, POLLIN, 0};
+    if (poll(&p, 1, 5000) != 1)
+      return absl::DeadlineExceededError("the restorer did not answer");
+    char reply[512];
+    ssize_t n = read(inst->channel, reply, sizeof(reply));
+    if (n <= 0 || reply[0] != 'K') {
+      NoFastRestore(id);
+      return absl::FailedPreconditionError(
+          n > 1 ? std::string(reply + 1, static_cast<size_t>(n - 1))
+                : "the restorer quit");
+    }
+    close(inst->channel);
+    inst->channel = -1;
+    pid_t pid = inst->proc->pid();
+    absl::Status resumed = WakeAndResume(pool.spec, *inst, pid, inst->listener);
+    close(inst->listener);
+    inst->listener = -1;
+    if (!resumed.ok()) {
+      NoFastRestore(id);
+      return absl::InternalError(
+          absl::StrCat(resumed.message(), ": ", DeathReason(*inst)));
+    }
+    inst->start_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    inst->last_used = Clock::now();
+    return inst;
+  }
+
+  absl::StatusOr<std::unique_ptr<Instance>> CriuRestoreInstance(
+      Pool& pool, bool plain_criu) {
     auto start = Clock::now();
     const std::string& id = pool.snapshot_id;
     std::string dir = ImageDir(id);
@@ -972,7 +1186,15 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       o.empty_net = false;
       inst->tier = "criu";
     }
+    auto T = [&](const char* what) {
+      if (getenv("SILT_TRACE"))
+        fprintf(stderr, "TRACE %s %.2f\n", what,
+                std::chrono::duration<double, std::milli>(Clock::now() - start)
+                    .count());
+    };
+    T("prepared");
     auto pid = plain_criu ? snapshot::RestoreWithCli(o) : snapshot::Restore(o);
+    T("criu");
     if (!pid.ok()) {
       close(*listener);
       return pid.status();
@@ -994,8 +1216,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       return proc.status();
     }
     inst->proc = *std::move(proc);
+    T("adopted");
     absl::Status s = plain_criu ? absl::OkStatus() : LoopbackUp(*pid);
+    T("lo");
     if (s.ok()) s = WakeAndResume(pool.spec, *inst, *pid, *listener);
+    T("resumed");
     close(*listener);
     if (!s.ok()) return s;
     inst->start_ms =
@@ -1665,6 +1890,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       }
       for (auto& pool : short_pools) Fill(pool);
       TendTemplates();
+      TendRestorers();
     }
   }
 
@@ -1825,6 +2051,21 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
         "cannot copy silt-worker into ", impl->worker_dir, ": ", ec.message()));
   }
   chmod(impl->worker_dir.c_str(), 0755);
+  // silt-restorer (installed next to silt-worker) restores most images
+  // without CRIU; without it every restore is CRIU's.
+  std::string restorer =
+      (std::filesystem::path(impl->options.worker_binary).parent_path() /
+       "silt-restorer")
+          .string();
+  if (options.fast_restore && access(restorer.c_str(), X_OK) == 0) {
+    std::filesystem::copy_file(
+        restorer, impl->worker_dir + "/silt-restorer.tmp",
+        std::filesystem::copy_options::overwrite_existing, ec);
+    if (!ec)
+      std::filesystem::rename(impl->worker_dir + "/silt-restorer.tmp",
+                              impl->worker_dir + "/silt-restorer", ec);
+    impl->fast_restore_on = !ec;
+  }
   std::filesystem::remove_all(options.data_dir + "/instances",
                               ec);  // from a dead invoker
   std::filesystem::create_directories(options.data_dir + "/instances", ec);

@@ -29,6 +29,9 @@ struct Options {
   // Checkpoint instances after init and start later ones from the snapshot
   // (per function: label com.silt.snapshot=false opts out).
   bool snapshots = true;
+  // Restore images with silt-restorer (maps the image's pages, no CRIU on
+  // the critical path) when it is installed and the image allows; else CRIU.
+  bool fast_restore = true;
   // Memory the resident fork templates may use together; 0: no templates.
   uint64_t template_memory_bytes = uint64_t{1} << 30;
 };
