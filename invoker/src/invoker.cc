@@ -399,6 +399,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // restores those).
   std::map<std::string, std::shared_ptr<const snapshot::FastPlan>> plans;
   std::set<std::string> no_fast;
+  // Instances done with, for the reaper to tear down off the call path.
+  std::vector<std::unique_ptr<Instance>> graveyard;
   int criu_version = 0;
   bool have_assignment = false;
 
@@ -407,6 +409,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   bool stopping = false;
   std::thread connector;
   std::thread reaper;
+  std::thread tender;      // keeps ready restorers (TendLoop)
+  bool tend_kick = false;  // under stop_mu: a restorer was taken
   std::atomic<grpc::ClientContext*> connect_ctx{nullptr};
 
   ~Impl() override {
@@ -421,6 +425,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
                        std::chrono::seconds(2));
     if (connector.joinable()) connector.join();
     if (reaper.joinable()) reaper.join();
+    if (tender.joinable()) tender.join();
     std::lock_guard<std::mutex> l(mu);
     pools.clear();
   }
@@ -680,6 +685,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     {
       std::lock_guard<std::mutex> l(mu);
       images.erase(id);
+      // A staged restorer holds this image's pages: it goes too.
+      plans.erase(id);
+      no_fast.erase(id);
+      for (auto& [key, pool] : pools)
+        if (pool->snapshot_id == id && pool->restorer)
+          graveyard.push_back(std::move(pool->restorer));
     }
     std::string dir = ImageDir(id);
     std::string trash = absl::StrCat(snapshot_dir, "/.trash-", RandomId(8));
@@ -998,9 +1009,6 @@ struct Invoker::Impl final : public v1::Invoker::Service {
             Key(pool.spec.namespace_(), pool.spec.name()), "invoker",
             absl::StrCat("silt: fast restore failed (", inst.status().message(),
                          "); restoring with CRIU"));
-      } else if (getenv("SILT_TRACE")) {
-        fprintf(stderr, "TRACE fast restore refused: %s\n",
-                std::string(inst.status().message()).c_str());
       }
     }
     return CriuRestoreInstance(pool, plain_criu);
@@ -1036,6 +1044,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // A silt-restorer in a sandbox of `pool`'s function: namespaces, cgroup,
   // mounts, credentials and seccomp ready, waiting for a plan.
   absl::StatusOr<std::unique_ptr<Instance>> SpawnRestorer(Pool& pool) {
+    auto plan = PlanFor(pool.snapshot_id);
+    if (!plan.ok()) return plan.status();
     auto inst = NewInstance(pool.spec);
     inst->tier = "restore";
     int chan[2];
@@ -1064,7 +1074,65 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     auto listener = ListenIn(inst->base_dir + "/run");
     if (!listener.ok()) return listener.status();
     inst->listener = *listener;
+    if (auto st = StageRestorer(*inst, **plan); !st.ok()) {
+      NoFastRestore(pool.snapshot_id);
+      return st;
+    }
     return inst;
+  }
+
+  // Hands a fresh restorer the plan and the pages file; it prepares
+  // everything and waits for 'G'.
+  absl::Status StageRestorer(Instance& inst, const snapshot::FastPlan& plan) {
+    int pages = open(plan.pages_file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (pages < 0)
+      return absl::InternalError(absl::StrCat("cannot open ", plan.pages_file));
+    absl::Status s = SendFds(inst.channel, &pages, 1);
+    close(pages);
+    uint32_t len = static_cast<uint32_t>(plan.bytes.size());
+    std::string msg(reinterpret_cast<const char*>(&len), 4);
+    msg += plan.bytes;
+    for (size_t off = 0; s.ok() && off < msg.size();) {
+      ssize_t n = write(inst.channel, msg.data() + off, msg.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) s = absl::UnavailableError("the restorer went away");
+      off += n > 0 ? static_cast<size_t>(n) : 0;
+    }
+    if (!s.ok()) return s;
+    // 'K': staged; 'E' and why: it cannot restore this image.
+    pollfd p{inst.channel, POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1)
+      return absl::DeadlineExceededError("the restorer did not answer");
+    char reply[512];
+    ssize_t n = read(inst.channel, reply, sizeof(reply));
+    if (n <= 0 || reply[0] != 'K')
+      return absl::FailedPreconditionError(
+          n > 1 ? std::string(reply + 1, static_cast<size_t>(n - 1))
+                : "the restorer quit");
+    return absl::OkStatus();
+  }
+
+  // Replaces taken restorers at once, and looks for new images every 100 ms.
+  void TendLoop() {
+    while (true) {
+      {
+        std::unique_lock<std::mutex> l(stop_mu);
+        if (stop_cv.wait_for(l, std::chrono::milliseconds(100),
+                             [&] { return stopping || tend_kick; }) &&
+            stopping)
+          return;
+        tend_kick = false;
+      }
+      TendRestorers();
+    }
+  }
+
+  void KickTender() {
+    {
+      std::lock_guard<std::mutex> l(stop_mu);
+      tend_kick = true;
+    }
+    stop_cv.notify_all();
   }
 
   // Keeps one ready restorer per function version that has an image here.
@@ -1097,8 +1165,6 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     const std::string& id = pool.snapshot_id;
     auto m = snapshot::Verify(ImageDir(id));
     if (!m.ok()) return m.status();  // the CRIU path drops the image
-    auto plan = PlanFor(id);
-    if (!plan.ok()) return plan.status();
     std::unique_ptr<Instance> inst;
     {
       std::lock_guard<std::mutex> l(mu);
@@ -1109,38 +1175,13 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       if (!r.ok()) return r.status();
       inst = *std::move(r);
     }
-    int pages = open((*plan)->pages_file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (pages < 0)
-      return absl::InternalError(
-          absl::StrCat("cannot open ", (*plan)->pages_file));
-    absl::Status s = SendFds(inst->channel, &pages, 1);
-    close(pages);
-    uint32_t len = static_cast<uint32_t>((*plan)->bytes.size());
-    std::string msg(reinterpret_cast<const char*>(&len), 4);
-    msg += (*plan)->bytes;
-    for (size_t off = 0; s.ok() && off < msg.size();) {
-      ssize_t n = write(inst->channel, msg.data() + off, msg.size() - off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) s = absl::UnavailableError("the restorer went away");
-      off += n > 0 ? static_cast<size_t>(n) : 0;
-    }
-    if (!s.ok()) return s;
-    // 'K': it committed; 'E' and why: it could not (nothing changed).
-    pollfd p{inst->channel, POLLIN, 0};
-    if (poll(&p, 1, 5000) != 1)
-      return absl::DeadlineExceededError("the restorer did not answer");
-    char reply[512];
-    ssize_t n = read(inst->channel, reply, sizeof(reply));
-    if (n <= 0 || reply[0] != 'K') {
-      NoFastRestore(id);
-      return absl::FailedPreconditionError(
-          n > 1 ? std::string(reply + 1, static_cast<size_t>(n - 1))
-                : "the restorer quit");
-    }
+    if (write(inst->channel, "G", 1) != 1)
+      return absl::UnavailableError("the restorer went away");
     close(inst->channel);
     inst->channel = -1;
     pid_t pid = inst->proc->pid();
     absl::Status resumed = WakeAndResume(pool.spec, *inst, pid, inst->listener);
+    KickTender();  // the next one, now that this one is up
     close(inst->listener);
     inst->listener = -1;
     if (!resumed.ok()) {
@@ -1186,15 +1227,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       o.empty_net = false;
       inst->tier = "criu";
     }
-    auto T = [&](const char* what) {
-      if (getenv("SILT_TRACE"))
-        fprintf(stderr, "TRACE %s %.2f\n", what,
-                std::chrono::duration<double, std::milli>(Clock::now() - start)
-                    .count());
-    };
-    T("prepared");
     auto pid = plain_criu ? snapshot::RestoreWithCli(o) : snapshot::Restore(o);
-    T("criu");
     if (!pid.ok()) {
       close(*listener);
       return pid.status();
@@ -1216,11 +1249,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       return proc.status();
     }
     inst->proc = *std::move(proc);
-    T("adopted");
     absl::Status s = plain_criu ? absl::OkStatus() : LoopbackUp(*pid);
-    T("lo");
     if (s.ok()) s = WakeAndResume(pool.spec, *inst, *pid, *listener);
-    T("resumed");
     close(*listener);
     if (!s.ok()) return s;
     inst->start_ms =
@@ -1714,7 +1744,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     res->set_instance((*inst)->id);
     (*inst)->fresh = false;
     if (!force.empty()) {
-      Release(*pool, nullptr);  // a forced start serves one call
+      // A forced start serves one call; the reaper tears the instance down
+      // after the answer is out.
+      Release(*pool, nullptr);
+      std::lock_guard<std::mutex> l(mu);
+      graveyard.push_back(*std::move(inst));
     } else {
       Release(*pool, *std::move(inst));
     }
@@ -1849,6 +1883,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       std::vector<std::unique_ptr<Instance>> doomed;
       {
         std::lock_guard<std::mutex> l(mu);
+        doomed.swap(graveyard);
         auto now = Clock::now();
         for (auto& [key, pool] : pools) {
           auto idle_for = IdleTimeout(pool->spec);
@@ -1890,7 +1925,6 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       }
       for (auto& pool : short_pools) Fill(pool);
       TendTemplates();
-      TendRestorers();
     }
   }
 
@@ -2146,6 +2180,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
   Impl* p = impl.get();
   impl->connector = std::thread([p] { p->ConnectLoop(); });
   impl->reaper = std::thread([p] { p->ReapLoop(); });
+  impl->tender = std::thread([p] { p->TendLoop(); });
   return std::unique_ptr<Invoker>(new Invoker(std::move(impl)));
 }
 

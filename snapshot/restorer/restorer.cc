@@ -4,7 +4,8 @@
 // and the image's pages file, then becomes the checkpointed worker:
 //   1. with libc: open the mapped files, check everything that can fail,
 //      install the target's mm fields, signal handlers; answer 'K' (or 'E' and
-//      why, then exit);
+//      why, then exit), and wait for 'G' (all of this before any call needs
+//      an instance);
 //   2. on a stack in .bss, raw system calls only: unmap everything but
 //      itself, move the vDSO to the target's address, map the target's
 //      mappings (pages of the image mapped privately, small runs copied),
@@ -364,7 +365,11 @@ int main() {
   OpenFiles();
   SurveyMappings();
   InstallProcessState();
+  // Staged: everything that can fail is done. 'G' (or the channel closing:
+  // not needed after all) decides.
   if (write(kChannel, "K", 1) != 1) _exit(1);
+  char go = 0;
+  if (read(kChannel, &go, 1) != 1 || go != 'G') _exit(0);
   asm volatile(
       "mov %0, %%rsp\n"
       "call *%1\n" ::"r"(g_stack + sizeof(g_stack)),

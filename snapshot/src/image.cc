@@ -310,10 +310,6 @@ absl::Status Dump(const DumpOptions& o) {
     criu_local_add_ext_mount(c, m.sandbox_path.c_str(), m.key.c_str());
   int rc = criu_local_dump(c);
   close(dir);
-  if (getenv("SILT_TRACE")) {
-    std::filesystem::remove_all("/tmp/img-trace");
-    std::filesystem::copy(o.images_dir, "/tmp/img-trace");
-  }
   if (rc < 0) {
     return absl::InternalError(
         absl::StrCat("criu dump of pid ", o.pid, " failed (", rc,
@@ -345,14 +341,9 @@ absl::StatusOr<pid_t> Restore(const RestoreOptions& o) {
   if (o.empty_net) criu_local_set_empty_ns(c, CLONE_NEWNET);
   for (const auto& m : o.mounts)
     criu_local_add_ext_mount(c, m.key.c_str(), m.host_dir.c_str());
-  if (getenv("SILT_TRACE")) criu_local_set_log_level(c, 4);
   int pid = criu_local_restore_child(c);
   close(dir);
   close(work);
-  if (getenv("SILT_TRACE"))
-    std::filesystem::copy_file(
-        o.work_dir + "/restore.log", "/tmp/restore-trace.log",
-        std::filesystem::copy_options::overwrite_existing);
   if (pid <= 0) {
     return absl::InternalError(
         absl::StrCat("criu restore failed (", pid,

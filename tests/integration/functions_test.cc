@@ -497,6 +497,43 @@ TEST_F(SnapshotTest, RestoreAndForkKeepInitState) {
   EXPECT_NE(metrics.body.find("tier=\"fork\""), std::string::npos);
 }
 
+// silt-restorer maps the image's pages instead of copying them (the restored
+// process's memory is backed by pages-1.img); with --criu-restore, CRIU
+// restores the same image by copying. Both keep the state.
+TEST_F(SnapshotTest, RestorerMapsTheImageAndCriuRestoresItToo) {
+  Deploy({{"service", "probe"}, {"envVars", {{"STATE_MB", "8"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/heap").status, 200);
+  std::string id = WaitSnapshot("probe");
+  for (int i = 0; i < 3; ++i) {  // a staged restorer, then fresh ones
+    auto r = Cold("restore", "/function/probe/heap");
+    EXPECT_EQ(r.body, "8 MiB intact");
+    EXPECT_EQ(r.Header("X-Silt-Start"), "restore");
+    r = Cold("restore", "/function/probe/maps");
+    EXPECT_TRUE(absl::StrContains(r.body, "/pages-1.img")) << r.body;
+    r = Cold("restore", "/function/probe/state");
+    EXPECT_EQ(r.body, "initialized:probe");
+  }
+  // The fork template came from the restorer too: clones share its
+  // file-backed memory.
+  auto r = Cold("fork", "/function/probe/maps");
+  EXPECT_TRUE(absl::StrContains(r.body, "/pages-1.img")) << r.body;
+  auto logs = Silt({"logs", "probe"});
+  EXPECT_FALSE(absl::StrContains(logs.out, "fast restore failed")) << logs.out;
+
+  // The same node restarted with --criu-restore: CRIU restores the image it
+  // finds on disk.
+  invokers_["node-a"]->Stop(SIGTERM);
+  invokers_.erase("node-a");
+  StartInvoker("node-a", {"--criu-restore"});
+  WaitNodes(1);
+  EXPECT_TRUE(Eventually([&] {
+    return Cold("restore", "/function/probe/heap").body == "8 MiB intact";
+  }));
+  r = Cold("restore", "/function/probe/maps");
+  EXPECT_EQ(r.Header("X-Silt-Start"), "restore");
+  EXPECT_FALSE(absl::StrContains(r.body, "/pages-1.img")) << r.body;
+}
+
 TEST_F(SnapshotTest, TenConcurrentColdStartsRestoreFromOneImage) {
   Deploy({{"service", "probe"}});
   ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,6 +106,12 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
     return silt::Response::Text(ok ? 200 : 500,
                                 std::to_string(state.size() >> 20) +
                                     (ok ? " MiB intact" : " MiB CORRUPTED"));
+  }
+  if (path == "/maps") {  // how the process's memory is backed
+    std::ifstream in("/proc/self/maps");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return silt::Response::Text(200, ss.str());
   }
   if (path == "/random") {
     return silt::Response::Text(200, std::to_string(engine()) + " " +
