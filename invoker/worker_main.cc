@@ -471,7 +471,7 @@ bool ParkAndResume(Runtime& rt) {
   WorkerCall resume;
   if (!ReadFrame(kChannel, &resume).ok() || resume.op() != "resume")
     return false;
-  rt.Resumed(resume.instance_id(), resume.seed());
+  if (!resume.as_template()) rt.Resumed(resume.instance_id(), resume.seed());
   v1::WorkerReady ready;
   ready.set_ok(true);
   return WriteFrame(kChannel, ready).ok();

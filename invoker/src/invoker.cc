@@ -379,6 +379,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     std::shared_ptr<Template> tmpl;
     bool template_starting = false;
     Clock::time_point template_retry_after;
+    std::condition_variable template_cv;  // template_starting went false
     // A silt-restorer waiting in a ready sandbox for the next restore.
     std::unique_ptr<Instance> restorer;
     bool restorer_starting = false;
@@ -682,16 +683,25 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   void DropImage(const std::string& id, const std::string& why) {
+    std::vector<std::shared_ptr<Template>> templates;
     {
       std::lock_guard<std::mutex> l(mu);
       images.erase(id);
-      // A staged restorer holds this image's pages: it goes too.
+      // Staged restorers and templates map this image's pages: they go too
+      // (clones keep their template until they end), and the next cold
+      // start boots and snapshots again.
       plans.erase(id);
       no_fast.erase(id);
-      for (auto& [key, pool] : pools)
-        if (pool->snapshot_id == id && pool->restorer)
-          graveyard.push_back(std::move(pool->restorer));
+      for (auto& [key, pool] : pools) {
+        if (pool->snapshot_id != id) continue;
+        if (pool->restorer) graveyard.push_back(std::move(pool->restorer));
+        if (pool->tmpl) {
+          templates.push_back(std::move(pool->tmpl));
+          pool->template_retry_after = Clock::now() + std::chrono::seconds(5);
+        }
+      }
     }
+    templates.clear();
     std::string dir = ImageDir(id);
     std::string trash = absl::StrCat(snapshot_dir, "/.trash-", RandomId(8));
     std::error_code ec;
@@ -705,9 +715,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   // Wakes a parked worker (SIGUSR1; it connects to run/s), hands it its log
-  // fds and identity, and waits for it to be ready.
+  // fds and identity, and waits for it to be ready. A future template keeps
+  // the image's identity: its clones reseed and run the after-restore hook.
   absl::Status WakeAndResume(const FunctionSpec& spec, Instance& inst,
-                             pid_t pid, int listener) {
+                             pid_t pid, int listener,
+                             bool as_template = false) {
     kill(pid, SIGUSR1);
     pollfd p{listener, POLLIN, 0};
     int r = 0;
@@ -735,6 +747,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     resume.set_op("resume");
     resume.set_instance_id(inst.id);
     resume.set_seed(Seed());
+    resume.set_as_template(as_template);
     if (auto w = WriteFrame(chan, resume); !w.ok()) return w;
     v1::WorkerReady ready;
     if (auto rd = ReadFrame(chan, &ready, std::chrono::seconds(30)); !rd.ok())
@@ -994,24 +1007,32 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // restore` command replays everything itself (the network namespace
   // included): the benchmark's baseline tier.
   absl::StatusOr<std::unique_ptr<Instance>> RestoreInstance(
-      Pool& pool, bool plain_criu = false) {
+      Pool& pool, bool plain_criu = false, bool as_template = false) {
+    // Checked before every restore (checksums once per file version): a
+    // damaged image is dropped, never restored.
+    const std::string& id = pool.snapshot_id;
+    if (auto m = snapshot::Verify(ImageDir(id)); !m.ok()) {
+      logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), "invoker",
+                  absl::StrCat("silt: not restoring: ", m.status().message()));
+      DropImage(id, std::string(m.status().message()));
+      return m.status();
+    }
     if (!plain_criu && fast_restore_on) {
-      auto inst = FastRestore(pool);
-      if (inst.ok() || absl::IsNotFound(inst.status())) return inst;
+      auto inst = FastRestore(pool, as_template);
+      if (inst.ok()) return inst;
       if (!absl::IsFailedPrecondition(inst.status()) ||
           !absl::StrContains(inst.status().message(), "without CRIU")) {
         fprintf(stderr,
                 "silt-invoker: fast restore of %s failed (%s); restoring "
                 "with CRIU\n",
-                pool.snapshot_id.c_str(),
-                std::string(inst.status().message()).c_str());
+                id.c_str(), std::string(inst.status().message()).c_str());
         logs.Append(
             Key(pool.spec.namespace_(), pool.spec.name()), "invoker",
             absl::StrCat("silt: fast restore failed (", inst.status().message(),
                          "); restoring with CRIU"));
       }
     }
-    return CriuRestoreInstance(pool, plain_criu);
+    return CriuRestoreInstance(pool, plain_criu, as_template);
   }
 
   // The restore plan of image `id`, digested once.
@@ -1160,11 +1181,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 
   // Restore by silt-restorer: hand the ready restorer the plan and the pages
   // file; it maps the image and becomes the worker, which then reconnects.
-  absl::StatusOr<std::unique_ptr<Instance>> FastRestore(Pool& pool) {
+  absl::StatusOr<std::unique_ptr<Instance>> FastRestore(Pool& pool,
+                                                        bool as_template) {
     auto start = Clock::now();
     const std::string& id = pool.snapshot_id;
-    auto m = snapshot::Verify(ImageDir(id));
-    if (!m.ok()) return m.status();  // the CRIU path drops the image
     std::unique_ptr<Instance> inst;
     {
       std::lock_guard<std::mutex> l(mu);
@@ -1180,7 +1200,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     close(inst->channel);
     inst->channel = -1;
     pid_t pid = inst->proc->pid();
-    absl::Status resumed = WakeAndResume(pool.spec, *inst, pid, inst->listener);
+    absl::Status resumed =
+        WakeAndResume(pool.spec, *inst, pid, inst->listener, as_template);
     KickTender();  // the next one, now that this one is up
     close(inst->listener);
     inst->listener = -1;
@@ -1196,17 +1217,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   absl::StatusOr<std::unique_ptr<Instance>> CriuRestoreInstance(
-      Pool& pool, bool plain_criu) {
+      Pool& pool, bool plain_criu, bool as_template) {
     auto start = Clock::now();
-    const std::string& id = pool.snapshot_id;
-    std::string dir = ImageDir(id);
-    auto m = snapshot::Verify(dir);
-    if (!m.ok()) {
-      logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), "invoker",
-                  absl::StrCat("silt: not restoring: ", m.status().message()));
-      DropImage(id, std::string(m.status().message()));
-      return m.status();
-    }
+    std::string dir = ImageDir(pool.snapshot_id);
     auto inst = NewInstance(pool.spec);
     inst->tier = "restore";
     if (auto s = PrepareRootSkeleton(inst->base_dir + "/root"); !s.ok())
@@ -1250,7 +1263,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
     inst->proc = *std::move(proc);
     absl::Status s = plain_criu ? absl::OkStatus() : LoopbackUp(*pid);
-    if (s.ok()) s = WakeAndResume(pool.spec, *inst, *pid, *listener);
+    if (s.ok())
+      s = WakeAndResume(pool.spec, *inst, *pid, *listener, as_template);
     close(*listener);
     if (!s.ok()) return s;
     inst->start_ms =
@@ -1391,6 +1405,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       if (auto s = EnsureTemplate(pool); !s.ok()) return s;
       std::lock_guard<std::mutex> l(mu);
       t = pool->tmpl;
+      if (t == nullptr)
+        return absl::UnavailableError("the template was dropped; try again");
     }
     if (t != nullptr && (force.empty() || force == "fork")) {
       auto inst = ForkInstance(*pool, t);
@@ -1458,17 +1474,25 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   // A template for `pool` from its image (restored anew: the instance that
-  // serves calls stays separate).
+  // serves calls stays separate). Waits for one another thread is starting.
+  // NotFound: there is no image (any more).
   absl::Status EnsureTemplate(std::shared_ptr<Pool> pool) {
     {
-      std::lock_guard<std::mutex> l(mu);
-      if (pool->tmpl || pool->template_starting) return absl::OkStatus();
+      std::unique_lock<std::mutex> l(mu);
+      if (pool->template_starting) {
+        pool->template_cv.wait(l, [&] { return !pool->template_starting; });
+        return pool->tmpl ? absl::OkStatus()
+                          : absl::UnavailableError(
+                                "the template could not be started");
+      }
+      if (pool->tmpl) return absl::OkStatus();
       pool->template_starting = true;
     }
     absl::StatusOr<std::shared_ptr<Template>> t =
         absl::UnavailableError("no image");
     if (auto image = EnsureImage(*pool); image.ok()) {
-      auto inst = RestoreInstance(*pool);
+      auto inst = RestoreInstance(*pool, /*plain_criu=*/false,
+                                  /*as_template=*/true);
       if (inst.ok())
         t = MakeTemplate(*pool, *std::move(inst));
       else
@@ -1476,14 +1500,24 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     } else {
       t = image.status();
     }
-    std::lock_guard<std::mutex> l(mu);
-    pool->template_starting = false;
-    if (!t.ok()) {
-      pool->template_retry_after = Clock::now() + std::chrono::seconds(30);
-      return t.status();
+    std::shared_ptr<Template> stale;
+    absl::Status result = t.status();
+    {
+      std::lock_guard<std::mutex> l(mu);
+      pool->template_starting = false;
+      if (t.ok() && !images.contains(pool->snapshot_id)) {
+        // Dropped while it started (damaged, deleted, or the function
+        // changed): a template must not outlive its image.
+        stale = *std::move(t);
+        result = absl::NotFoundError("the image was dropped");
+      } else if (!t.ok()) {
+        pool->template_retry_after = Clock::now() + std::chrono::seconds(30);
+      } else {
+        pool->tmpl = *t;
+      }
     }
-    pool->tmpl = *t;
-    return absl::OkStatus();
+    pool->template_cv.notify_all();
+    return result;
   }
 
   // Keeps templates for functions that have images and recent cold starts,
@@ -1819,20 +1853,6 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   void DeleteSnapshots(const v1::DeleteSnapshots& d) {
-    std::vector<std::shared_ptr<Template>> dropped;
-    {
-      std::lock_guard<std::mutex> l(mu);
-      for (auto& [key, pool] : pools) {
-        for (const auto& id : d.ids()) {
-          if (pool->snapshot_id == id && pool->tmpl) {
-            dropped.push_back(std::move(pool->tmpl));
-            // Not straight back: the next cold start boots and re-snapshots.
-            pool->template_retry_after = Clock::now() + std::chrono::seconds(5);
-          }
-        }
-      }
-    }
-    dropped.clear();
     for (const auto& id : d.ids()) DropImage(id, "");
   }
 

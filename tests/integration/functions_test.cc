@@ -77,6 +77,9 @@ class FunctionsTest : public ::testing::Test {
     image_ = "probe@" + r.out.substr(r.out.find("sha256:"), 71);
   }
   void TearDown() override {
+    // SIGTERM: an invoker tears its instances down on the way out (killed,
+    // it would leave them for its next start to clean up).
+    for (auto& [name, p] : invokers_) p->Stop(SIGTERM);
     invokers_.clear();
     gw_.reset();
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
@@ -562,6 +565,8 @@ TEST_F(SnapshotTest, ClonesDrawDifferentRandomNumbers) {
     auto b = Cold(tier, "/function/probe/random");
     ASSERT_EQ(a.status, 200) << a.body;
     ASSERT_EQ(b.status, 200) << b.body;
+    EXPECT_EQ(a.Header("X-Silt-Start"), tier);
+    EXPECT_EQ(b.Header("X-Silt-Start"), tier);
     std::vector<std::string> fa = absl::StrSplit(a.body, ' ');
     std::vector<std::string> fb = absl::StrSplit(b.body, ' ');
     ASSERT_EQ(fa.size(), 3u);
@@ -569,6 +574,7 @@ TEST_F(SnapshotTest, ClonesDrawDifferentRandomNumbers) {
     EXPECT_NE(fa[0], fb[0]) << tier << ": the after-restore hook reseeds";
     EXPECT_NE(fa[1], fb[1]) << tier << ": random() is reseeded by Silt";
     EXPECT_EQ(fa[2], "1") << tier << ": the hook ran once";
+    EXPECT_EQ(fb[2], "1") << tier << ": the hook ran once";
   }
 }
 
