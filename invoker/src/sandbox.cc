@@ -439,8 +439,11 @@ const Layout& RootLayout() {
 }
 
 struct ChildArgs {
-  // Everything is prepared by the parent: the child only makes syscalls.
-  int channel_fd, stdout_fd, stderr_fd, sync_fd, err_fd, devnull_fd;
+  // Everything is prepared by the parent: the child only makes syscalls (it
+  // shares the parent's memory until it execs).
+  int channel_fd, stdout_fd, stderr_fd, err_fd, devnull_fd;
+  const char* cgroup_procs[4];  // joined first, by writing "0"
+  int cgroup_count;
   const char* root;
   const char* old_root;  // root + "/.oldroot"
   const char* tmp_opts;
@@ -483,28 +486,31 @@ struct ChildArgs {
 
 int ChildMain(void* arg) {
   const ChildArgs* a = static_cast<const ChildArgs*>(arg);
-  // fds: 0 /dev/null, 1 stdout, 2 stderr, 3 channel, 4 sync, 5 err; nothing
-  // else survives. Copy each above 64 first (F_DUPFD never clobbers an open
-  // fd), then into place.
-  const int sources[6] = {a->devnull_fd, a->stdout_fd, a->stderr_fd,
-                          a->channel_fd, a->sync_fd,   a->err_fd};
-  int copies[6];
-  for (int i = 0; i < 6; ++i) {
+  // fds: 0 /dev/null, 1 stdout, 2 stderr, 3 channel, 4 err; nothing else
+  // survives. Copy each above 64 first (F_DUPFD never clobbers an open fd),
+  // then into place.
+  const int sources[5] = {a->devnull_fd, a->stdout_fd, a->stderr_fd,
+                          a->channel_fd, a->err_fd};
+  int copies[5];
+  for (int i = 0; i < 5; ++i) {
     copies[i] = fcntl(sources[i], F_DUPFD, 64);
     if (copies[i] < 0) _exit(126);
   }
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 5; ++i) {
     if (dup2(copies[i], i) < 0) _exit(126);
   }
   ChildArgs local = *a;
-  local.err_fd = 5;
+  local.err_fd = 4;
   a = &local;
-  syscall(SYS_close_range, 6, ~0U, 0);
+  syscall(SYS_close_range, 5, ~0U, 0);
   fcntl(4, F_SETFD, FD_CLOEXEC);
-  fcntl(5, F_SETFD, FD_CLOEXEC);
 
-  char go;
-  if (read(4, &go, 1) != 1) ChildFail(a, 1);  // parent put us into the cgroup
+  // Into the cgroup before anything is allocated ("0": the writer).
+  for (int i = 0; i < a->cgroup_count; ++i) {
+    int fd = open(a->cgroup_procs[i], O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, "0", 1) != 1) ChildFail(a, 1);
+    close(fd);
+  }
   // Our own session: a checkpoint must not depend on a session leader outside
   // the sandbox.
   if (setsid() < 0) ChildFail(a, 28);
@@ -592,7 +598,7 @@ int ChildMain(void* arg) {
 
 const char* StepName(int step) {
   static const char* names[] = {"",
-                                "waiting for the cgroup",
+                                "joining the cgroup",
                                 "making mounts private",
                                 "mounting the root tmpfs",
                                 "creating mount points",
@@ -699,6 +705,12 @@ absl::StatusOr<std::unique_ptr<Cgroup>> Cgroup::Create(
 
 Cgroup::~Cgroup() {
   for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) rmdir(it->c_str());
+}
+
+std::vector<std::string> Cgroup::ProcsFiles() const {
+  std::vector<std::string> files;
+  for (const auto& d : dirs_) files.push_back(d + "/cgroup.procs");
+  return files;
 }
 
 absl::Status Cgroup::AddProcess(pid_t pid) {
@@ -979,18 +991,12 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
     (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &a.last_cap);
   }
 
-  int sync[2], err[2];
-  if (pipe2(sync, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
-  if (pipe2(err, O_CLOEXEC) != 0) {
-    close(sync[0]);
-    close(sync[1]);
-    return absl::InternalError("pipe failed");
-  }
+  int err[2];
+  if (pipe2(err, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
   int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
   a.channel_fd = spec.channel_fd;
   a.stdout_fd = spec.stdout_fd;
   a.stderr_fd = spec.stderr_fd;
-  a.sync_fd = sync[0];
   a.err_fd = err[1];
   a.devnull_fd = devnull;
 
@@ -998,8 +1004,6 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
   auto cg = Cgroup::Create(spec.cgroup, spec.memory_limit_bytes,
                            spec.cpu_millis, spec.max_pids);
   auto close_all = [&] {
-    close(sync[0]);
-    close(sync[1]);
     close(err[0]);
     close(err[1]);
     close(devnull);
@@ -1009,6 +1013,13 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
     return cg.status();
   }
   proc->cgroup_ = *std::move(cg);
+  std::vector<std::string> procs = proc->cgroup_->ProcsFiles();
+  if (procs.size() > std::size(a.cgroup_procs)) {
+    close_all();
+    return absl::InternalError("too many cgroup hierarchies");
+  }
+  a.cgroup_count = 0;
+  for (const auto& f : procs) a.cgroup_procs[a.cgroup_count++] = f.c_str();
 
   constexpr size_t kStack = 256 << 10;
   void* stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
@@ -1017,30 +1028,23 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
     close_all();
     return absl::ResourceExhaustedError("mmap of the clone stack failed");
   }
+  // CLONE_VM | CLONE_VFORK (as posix_spawn does): the child borrows our
+  // memory until it execs, so no page tables of this large process are
+  // copied (and torn down again at exec); we resume once it has exec'd or
+  // failed.
   pid_t pid = clone(ChildMain, static_cast<char*>(stack) + kStack,
-                    CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS |
-                        CLONE_NEWNET | SIGCHLD,
+                    CLONE_VM | CLONE_VFORK | CLONE_NEWPID | CLONE_NEWNS |
+                        CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD,
                     &a);
   int clone_errno = errno;
   munmap(stack, kStack);
-  close(sync[0]);
   close(err[1]);
   close(devnull);
   if (pid < 0) {
-    close(sync[1]);
     close(err[0]);
     return absl::InternalError(absl::StrCat("clone: ", strerror(clone_errno)));
   }
   proc->pid_ = pid;
-  absl::Status added = proc->cgroup_->AddProcess(pid);
-  if (!added.ok()) {
-    close(sync[1]);
-    close(err[0]);
-    return added;  // the destructor kills the child
-  }
-  char go = 1;
-  (void)!write(sync[1], &go, 1);
-  close(sync[1]);
   int report[2] = {0, 0};
   ssize_t n;
   while ((n = read(err[0], report, sizeof(report))) < 0 && errno == EINTR) {

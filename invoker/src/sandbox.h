@@ -67,6 +67,8 @@ class Cgroup {
       uint64_t max_pids);
   ~Cgroup();  // removes the (empty) cgroups
   absl::Status AddProcess(pid_t pid);
+  // Its cgroup.procs files, one per hierarchy.
+  std::vector<std::string> ProcsFiles() const;
   // The kernel's OOM killer acted in this cgroup.
   bool OomKilled() const;
   uint64_t MemoryUsage() const;
