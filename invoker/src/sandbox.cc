@@ -1059,6 +1059,40 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
   return proc;
 }
 
+absl::StatusOr<std::string> FavorCgroupMoves() {
+  std::ifstream in("/proc/self/mounts");
+  std::string line, v2, v1;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    if (f.size() < 4) continue;
+    if (absl::StrContains(f[3], "favordynmods")) return f[1] + " (already)";
+    if (f[2] == "cgroup2" && v2.empty()) v2 = f[1];
+    if (f[2] == "cgroup" && v1.empty() && absl::StrContains(f[3], "memory"))
+      v1 = f[1];
+  }
+  std::string target = v2.empty() ? v1 : v2;
+  if (target.empty()) return absl::NotFoundError("no cgroup mount");
+  // A remount sets the mount flags too: keep the ones it has.
+  struct statvfs st;
+  if (statvfs(target.c_str(), &st) != 0)
+    return absl::InternalError(absl::StrCat(target, ": ", strerror(errno)));
+  unsigned long flags = MS_REMOUNT;
+  if (st.f_flag & ST_RDONLY) flags |= MS_RDONLY;
+  if (st.f_flag & ST_NOSUID) flags |= MS_NOSUID;
+  if (st.f_flag & ST_NODEV) flags |= MS_NODEV;
+  if (st.f_flag & ST_NOEXEC) flags |= MS_NOEXEC;
+  if (st.f_flag & ST_NOATIME) flags |= MS_NOATIME;
+  if (st.f_flag & ST_NODIRATIME) flags |= MS_NODIRATIME;
+  if (st.f_flag & ST_RELATIME) flags |= MS_RELATIME;
+  // v1 needs its controller list again.
+  std::string opts = "favordynmods";
+  if (v2.empty()) opts = "memory,favordynmods";
+  if (mount(nullptr, target.c_str(), nullptr, flags, opts.c_str()) != 0)
+    return absl::UnavailableError(absl::StrCat(
+        "remounting ", target, " with favordynmods: ", strerror(errno)));
+  return target;
+}
+
 void CleanupStaleCgroups(const std::string& prefix) {
   std::vector<std::string> roots;
   if (IsV2()) {

@@ -136,6 +136,14 @@ std::vector<pid_t> ProcessTree(pid_t pid);
 // early.
 absl::Status PrepareSeccomp();
 
+// Every instance start moves a process into new cgroups. By default the
+// kernel makes such a move wait for an RCU grace period whenever none happened
+// for a while (4-15 ms here, on every forked or restored instance); the
+// cgroup "favordynmods" option keeps moves fast at a small cost to fork and
+// exit. Turns it on (a remount of the cgroup2 mount, else of a v1
+// hierarchy), and says which, or why not.
+absl::StatusOr<std::string> FavorCgroupMoves();
+
 // Kills the processes left in Silt's cgroups by an earlier invoker of this node
 // and removes the cgroups (restart into a consistent state).
 void CleanupStaleCgroups(const std::string& prefix);

@@ -3,12 +3,15 @@
 // restore is asked for. It waits on fd 3 for a restore plan (restore_plan.h)
 // and the image's pages file, then becomes the checkpointed worker:
 //   1. with libc: open the mapped files, check everything that can fail,
+//      map every target mapping that is clear of ours (and, when staged
+//      ahead of calls, fill their page tables from the page cache),
 //      install the target's mm fields, signal handlers; answer 'K' (or 'E' and
 //      why, then exit), and wait for 'G' (all of this before any call needs
 //      an instance);
 //   2. on a stack in .bss, raw system calls only: unmap everything but
-//      itself, move the vDSO to the target's address, map the target's
-//      mappings (pages of the image mapped privately, small runs copied),
+//      itself, move the vDSO to the target's address, map the rest of the
+//      target's mappings (pages of the image mapped privately, small runs
+//      copied),
 //      rseq, robust list, TLS base;
 //   3. rt_sigreturn into the target's registers.
 // The binary is static and linked at kRestorerBase so that it stays out of
@@ -54,6 +57,13 @@ int g_n_vvar = 0;
 const PlanHeader* g_h;
 const PlanVma* g_vmas;
 const PlanRun* g_runs;
+// VMAs mapped (and their pages populated) while staged, out of the way of
+// ours; Become() maps only the rest.
+constexpr uint32_t kMaxVmas = 1 << 16;
+bool g_premapped[kMaxVmas];
+bool g_populate = false;
+// Page tables filled ahead for at most this much of the image.
+constexpr uint64_t kPopulateBudget = 1ull << 30;
 
 // The kernel's rt_sigframe (x86-64).
 struct KSigcontext {
@@ -111,6 +121,57 @@ __attribute__((always_inline)) inline long Sys(long n, long a = 0, long b = 0,
 
 bool Failed(long r) { return r < 0 && r > -4096; }
 
+// Maps VMA `i` and its page runs [first, end). Returns 0, the failed step,
+// or -1 when (staged) the place is taken.
+int MapVma(uint32_t i, uint32_t first, uint32_t end, bool populate) {
+  const PlanVma& v = g_vmas[i];
+  uint64_t len = v.end - v.start;
+  uint32_t prot = v.prot | (v.copy ? PROT_READ | PROT_WRITE : 0);
+  // While staged, never over something of ours (the survey says what is
+  // free; NOREPLACE makes sure).
+  uint32_t fixed = populate ? MAP_FIXED_NOREPLACE : MAP_FIXED;
+  long r = v.file < 0
+               ? Sys(SYS_mmap, v.start, len, prot, v.flags | fixed, -1, 0)
+               : Sys(SYS_mmap, v.start, len, prot, v.flags | fixed,
+                     g_files[v.file], v.pgoff);
+  if (populate && r == -EEXIST) return -1;
+  if (Failed(r)) return 4;
+  if (static_cast<uint64_t>(r) != v.start) {
+    Sys(SYS_munmap, r, len);
+    return populate ? -1 : 4;
+  }
+  for (uint32_t k = first; k < end; ++k) {
+    const PlanRun& pr = g_runs[k];
+    if (pr.map) {
+      if (Failed(Sys(SYS_mmap, pr.start, pr.len, v.prot,
+                     MAP_PRIVATE | MAP_FIXED, g_pages, pr.offset)))
+        return 5;
+      continue;
+    }
+    uint64_t done = 0;
+    while (done < pr.len) {
+      long n = Sys(SYS_pread64, g_pages, pr.start + done, pr.len - done,
+                   pr.offset + done);
+      if (n <= 0) return 6;
+      done += static_cast<uint64_t>(n);
+    }
+  }
+  if (v.copy && prot != v.prot &&
+      Failed(Sys(SYS_mprotect, v.start, len, v.prot)))
+    return 7;
+  // Page tables now, from the page cache: the first call takes no faults
+  // on what the image holds (written pages still copy on write).
+  static uint64_t populated = 0;
+  if (populate && g_populate && v.prot != PROT_NONE &&
+      populated + len <= kPopulateBudget && (v.file >= 0 || first < end)) {
+    Sys(SYS_madvise, v.start, len, 22 /* MADV_POPULATE_READ */);
+    populated += len;
+  }
+  return 0;
+}
+
+bool OursOverlap(uint64_t s, uint64_t e);
+
 [[noreturn]] __attribute__((noinline)) void Become() {
   const PlanHeader& h = *g_h;
   // vDSO: to scratch first (the target's place may be where ours is now),
@@ -148,36 +209,13 @@ bool Failed(long r) { return r < 0 && r > -4096; }
                    g_unmap[i].end - g_unmap[i].start)))
       Die(3);
 
-  // The target's memory.
+  // The target's memory (what was not mapped while staged).
   uint32_t run = 0;
   for (uint32_t i = 0; i < h.n_vmas; ++i) {
-    const PlanVma& v = g_vmas[i];
-    uint64_t len = v.end - v.start;
-    uint32_t prot = v.prot | (v.copy ? PROT_READ | PROT_WRITE : 0);
-    long r = v.file < 0
-                 ? Sys(SYS_mmap, v.start, len, prot, v.flags | MAP_FIXED, -1, 0)
-                 : Sys(SYS_mmap, v.start, len, prot, v.flags | MAP_FIXED,
-                       g_files[v.file], v.pgoff);
-    if (Failed(r)) Die(4);
-    for (; run < h.n_runs && g_runs[run].vma == i; ++run) {
-      const PlanRun& pr = g_runs[run];
-      if (pr.map) {
-        if (Failed(Sys(SYS_mmap, pr.start, pr.len, v.prot,
-                       MAP_PRIVATE | MAP_FIXED, g_pages, pr.offset)))
-          Die(5);
-        continue;
-      }
-      uint64_t done = 0;
-      while (done < pr.len) {
-        long n = Sys(SYS_pread64, g_pages, pr.start + done, pr.len - done,
-                     pr.offset + done);
-        if (n <= 0) Die(6);
-        done += static_cast<uint64_t>(n);
-      }
-    }
-    if (v.copy && prot != v.prot &&
-        Failed(Sys(SYS_mprotect, v.start, len, v.prot)))
-      Die(7);
+    uint32_t first = run;
+    while (run < h.n_runs && g_runs[run].vma == i) ++run;
+    if (g_premapped[i]) continue;
+    if (int step = MapVma(i, first, run, /*populate=*/false)) Die(step);
   }
 
   // Thread state that lives in the target's memory.
@@ -238,7 +276,10 @@ void ReceivePlan() {
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   if (c == nullptr || c->cmsg_type != SCM_RIGHTS) Fail("no pages file");
   memcpy(&g_pages, CMSG_DATA(c), sizeof(int));
+  char mode;  // 'P': staged ahead of calls, fill page tables too
   uint32_t len;
+  if (!ReadAll(kChannel, &mode, 1)) Fail("short plan");
+  g_populate = mode == 'P';
   if (!ReadAll(kChannel, &len, 4) || len < sizeof(PlanHeader) ||
       len > kPlanMaxBytes || !ReadAll(kChannel, g_plan, len))
     Fail("short plan");
@@ -305,6 +346,35 @@ void SurveyMappings() {
     Fail("the image maps where the restorer lives");
 }
 
+bool OursOverlap(uint64_t s, uint64_t e) {
+  auto hit = [&](const Region& r) { return s < r.end && e > r.start; };
+  if (s < kRestorerLimit && e > kRestorerBase) return true;
+  if (s < kRestorerScratch + (1 << 20) && e > kRestorerScratch) return true;
+  if (hit(g_vdso)) return true;
+  for (int i = 0; i < g_n_vvar; ++i)
+    if (hit(g_vvar[i])) return true;
+  for (int i = 0; i < g_n_unmap; ++i)
+    if (hit(g_unmap[i])) return true;
+  return false;
+}
+
+// Maps now every target VMA that is clear of our own mappings (nearly all of
+// them), so that 'G' only has to unmap us and jump.
+void Premap() {
+  const PlanHeader& h = *g_h;
+  if (h.n_vmas > kMaxVmas) return;  // all in Become()
+  uint32_t run = 0;
+  for (uint32_t i = 0; i < h.n_vmas; ++i) {
+    uint32_t first = run;
+    while (run < h.n_runs && g_runs[run].vma == i) ++run;
+    if (OursOverlap(g_vmas[i].start, g_vmas[i].end)) continue;
+    int step = MapVma(i, first, run, /*populate=*/true);
+    if (step < 0) continue;  // taken after all: Become() maps it
+    if (step != 0) Fail("mapping the image");
+    g_premapped[i] = true;
+  }
+}
+
 void OpenFiles() {
   const auto* files = reinterpret_cast<const PlanFile*>(g_runs + g_h->n_runs);
   for (uint32_t i = 0; i < g_h->n_files; ++i) {
@@ -364,6 +434,7 @@ int main() {
   ReceivePlan();
   OpenFiles();
   SurveyMappings();
+  Premap();
   InstallProcessState();
   // Staged: everything that can fail is done. 'G' (or the channel closing:
   // not needed after all) decides.
