@@ -1020,8 +1020,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (!plain_criu && fast_restore_on) {
       auto inst = FastRestore(pool, as_template);
       if (inst.ok()) return inst;
-      if (!absl::IsFailedPrecondition(inst.status()) ||
-          !absl::StrContains(inst.status().message(), "without CRIU")) {
+      // Unimplemented: an image the restorer does not take (not a failure).
+      if (!absl::IsUnimplemented(inst.status())) {
         fprintf(stderr,
                 "silt-invoker: fast restore of %s failed (%s); restoring "
                 "with CRIU\n",
@@ -1041,7 +1041,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     {
       std::lock_guard<std::mutex> l(mu);
       if (no_fast.contains(id))
-        return absl::FailedPreconditionError(
+        return absl::UnimplementedError(
             "not restorable without CRIU (seen before)");
       if (auto it = plans.find(id); it != plans.end()) return it->second;
     }

@@ -64,6 +64,7 @@ bool g_premapped[kMaxVmas];
 bool g_populate = false;
 // Page tables filled ahead for at most this much of the image.
 constexpr uint64_t kPopulateBudget = 1ull << 30;
+uint64_t g_populated = 0;
 
 // The kernel's rt_sigframe (x86-64).
 struct KSigcontext {
@@ -161,11 +162,10 @@ int MapVma(uint32_t i, uint32_t first, uint32_t end, bool populate) {
     return 7;
   // Page tables now, from the page cache: the first call takes no faults
   // on what the image holds (written pages still copy on write).
-  static uint64_t populated = 0;
   if (populate && g_populate && v.prot != PROT_NONE &&
-      populated + len <= kPopulateBudget && (v.file >= 0 || first < end)) {
+      g_populated + len <= kPopulateBudget && (v.file >= 0 || first < end)) {
     Sys(SYS_madvise, v.start, len, 22 /* MADV_POPULATE_READ */);
-    populated += len;
+    g_populated += len;
   }
   return 0;
 }
@@ -342,14 +342,14 @@ void SurveyMappings() {
       Fail("the vDSO differs from the image's (another kernel?)");
   }
   if (Overlaps(kRestorerBase, kRestorerLimit) ||
-      Overlaps(kRestorerScratch, kRestorerScratch + (1 << 20)))
+      Overlaps(kRestorerScratch, kRestorerScratchLimit))
     Fail("the image maps where the restorer lives");
 }
 
 bool OursOverlap(uint64_t s, uint64_t e) {
   auto hit = [&](const Region& r) { return s < r.end && e > r.start; };
   if (s < kRestorerLimit && e > kRestorerBase) return true;
-  if (s < kRestorerScratch + (1 << 20) && e > kRestorerScratch) return true;
+  if (s < kRestorerScratchLimit && e > kRestorerScratch) return true;
   if (hit(g_vdso)) return true;
   for (int i = 0; i < g_n_vvar; ++i)
     if (hit(g_vvar[i])) return true;

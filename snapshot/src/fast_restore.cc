@@ -164,7 +164,7 @@ absl::StatusOr<Msg> ReadOne(const std::string& dir, const std::string& name,
 }
 
 absl::Status Refuse(absl::string_view why) {
-  return absl::FailedPreconditionError(
+  return absl::UnimplementedError(
       absl::StrCat("not restorable without CRIU: ", why));
 }
 

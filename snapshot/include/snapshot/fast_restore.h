@@ -18,7 +18,7 @@ struct FastPlan {
   std::string pages_file;  // the pages-N.img the plan's runs refer to
 };
 
-// FailedPrecondition when the image holds something the restorer does not
+// Unimplemented when the image holds something the restorer does not
 // handle (several processes or threads, shared or special mappings, open
 // files other than /dev/null, pending signals, timers).
 absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& images_dir);

@@ -21,6 +21,7 @@ inline constexpr uint64_t kRestorerBase = 0x50000000ull;
 inline constexpr uint64_t kRestorerLimit = 0x58000000ull;
 // Scratch place for the vDSO while it moves to the target's address.
 inline constexpr uint64_t kRestorerScratch = 0x5c000000ull;
+inline constexpr uint64_t kRestorerScratchLimit = kRestorerScratch + (1 << 20);
 
 struct PlanHeader {
   uint32_t magic;
