@@ -54,7 +54,14 @@ int main(int argc, char** argv) {
   app.add_option("--template-memory-mib", template_mib,
                  "Memory for resident fork templates (0: no fork tier)")
       ->capture_default_str();
+  app.add_option("--cpus", o.cpus,
+                 "CPU cores this node offers for placement (default: all)");
+  uint64_t memory_mib = 0;
+  app.add_option("--memory", memory_mib,
+                 "Memory in MiB this node offers for placement (default: "
+                 "all)");
   CLI11_PARSE(app, argc, argv);
+  o.memory_bytes = memory_mib << 20;
   o.snapshots = !no_snapshots;
   o.fast_restore = !criu_restore;
   o.template_memory_bytes = template_mib << 20;

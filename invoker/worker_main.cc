@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
@@ -32,8 +33,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "channel.h"
+#include "frames.h"
 #include "invoker/proto/invoker.pb.h"
 #include "proclets/function_library.h"
+#include "silt/state_wire.h"
 #include "sandbox.h"
 
 extern char** environ;
@@ -49,6 +52,47 @@ using v1::WorkerConfig;
 using v1::WorkerReply;
 
 constexpr int kChannel = 3;
+constexpr int kState = 4;  // the state connection to the invoker
+
+// The function's state service: requests go to the invoker on kState, one at
+// a time (the handler may call from several threads).
+class StateLink {
+ public:
+  // Takes `fd` as kState (or closes the link when fd < 0).
+  void Attach(int fd) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (fd >= 0 && fd != kState) {
+      dup3(fd, kState, O_CLOEXEC);
+      close(fd);
+    } else if (fd < 0) {
+      close(kState);
+    }
+    open_ = fd >= 0;
+    reader_ = std::make_unique<FrameReader>(kState, wire::kMaxFrameBytes);
+  }
+  const silt_state_api* api() { return &api_; }
+
+ private:
+  static int Call(void* host, const char* req, size_t len, void* out,
+                  void (*append)(void*, const char*, size_t)) {
+    auto* self = static_cast<StateLink*>(host);
+    std::lock_guard<std::mutex> l(self->mu_);
+    if (!self->open_) return -1;
+    if (!WriteBytesFrame(kState, std::string_view(req, len)).ok() ||
+        !self->reader_->Next(&self->reply_).ok()) {
+      self->open_ = false;
+      return -1;
+    }
+    append(out, self->reply_.data(), self->reply_.size());
+    return 0;
+  }
+  std::mutex mu_;
+  bool open_ = false;
+  std::unique_ptr<FrameReader> reader_;
+  std::string reply_;
+  silt_state_api api_{this, &StateLink::Call};
+};
+StateLink g_state;
 
 void LogLine(const std::string& msg) {
   // Go's log format, as the OpenFaaS watchdogs write it.
@@ -111,6 +155,7 @@ class NativeRuntime {
     ctx_.function_namespace = cfg.spec().namespace_();
     ctx_.instance_id = cfg.instance_id();
     ctx_.secrets_dir = kSandboxSecretsDir;
+    ctx_.state = g_state.api();
     auto lib =
         proclets::FunctionLibrary::Load(cfg.bundle_dir() + "/" + cfg.entry());
     if (!lib.ok()) return lib.status();
@@ -445,6 +490,7 @@ void NullStdio() {
 template <typename Runtime>
 bool ParkAndResume(Runtime& rt) {
   close(kChannel);
+  g_state.Attach(-1);
   NullStdio();
   sigset_t usr1;
   sigemptyset(&usr1);
@@ -462,15 +508,22 @@ bool ParkAndResume(Runtime& rt) {
     dup3(s, kChannel, O_CLOEXEC);
     close(s);
   }
-  int fds[2];
-  if (!RecvFds(kChannel, fds, 2).ok()) return false;
+  int fds[3];
+  if (!RecvFds(kChannel, fds, 3).ok()) return false;
   dup2(fds[0], 1);
   dup2(fds[1], 2);
   close(fds[0]);
   close(fds[1]);
   WorkerCall resume;
-  if (!ReadFrame(kChannel, &resume).ok() || resume.op() != "resume")
+  if (!ReadFrame(kChannel, &resume).ok() || resume.op() != "resume") {
+    close(fds[2]);
     return false;
+  }
+  if (resume.as_template()) {  // templates serve no calls; clones get links
+    close(fds[2]);
+  } else {
+    g_state.Attach(fds[2]);
+  }
   if (!resume.as_template()) rt.Resumed(resume.instance_id(), resume.seed());
   v1::WorkerReady ready;
   ready.set_ok(true);
@@ -484,8 +537,8 @@ template <typename Runtime>
 bool TemplateLoop(Runtime& rt) {
   signal(SIGCHLD, SIG_IGN);  // clones are reaped by the kernel
   while (true) {
-    int fds[3];
-    if (!RecvFds(kChannel, fds, 3).ok()) return false;
+    int fds[4];
+    if (!RecvFds(kChannel, fds, 4).ok()) return false;
     WorkerCall fork_call;
     if (!ReadFrame(kChannel, &fork_call).ok()) return false;
     pid_t pid = fork();
@@ -494,7 +547,8 @@ bool TemplateLoop(Runtime& rt) {
       dup3(fds[0], kChannel, O_CLOEXEC);
       dup2(fds[1], 1);
       dup2(fds[2], 2);
-      for (int fd : fds) close(fd);
+      for (int i = 0; i < 3; ++i) close(fds[i]);
+      g_state.Attach(fds[3]);
       rt.Resumed(fork_call.instance_id(), fork_call.seed());
       v1::WorkerReady ready;
       ready.set_ok(true);
@@ -552,6 +606,15 @@ int main() {
   sigaddset(&usr1, SIGUSR1);
   sigprocmask(SIG_BLOCK, &usr1, nullptr);
   fcntl(kChannel, F_SETFD, FD_CLOEXEC);
+  // The state connection comes first, then the configuration.
+  int state_fd = -1;
+  if (auto s = RecvFds(kChannel, &state_fd, 1, std::chrono::seconds(30));
+      !s.ok()) {
+    fprintf(stderr, "silt-worker: no state connection on fd 3: %s\n",
+            std::string(s.message()).c_str());
+    return 2;
+  }
+  g_state.Attach(state_fd);
   v1::WorkerConfig cfg;
   if (auto s = ReadFrame(kChannel, &cfg, std::chrono::seconds(30)); !s.ok()) {
     fprintf(stderr, "silt-worker: no configuration on fd 3: %s\n",

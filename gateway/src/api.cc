@@ -300,6 +300,32 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
     if (m == "GET") return ListNodes();
     return MethodNotAllowed();
   }
+  if (head == "nodes" && has_arg && absl::EndsWith(arg, "/drain")) {
+    route = "/system/nodes/{name}/drain";
+    SILT_AUTH();
+    if (m == "POST") return DrainNode(arg.substr(0, arg.size() - 6));
+    return MethodNotAllowed();
+  }
+  if (head == "proclets" && !has_arg) {
+    route = "/system/proclets";
+    SILT_AUTH();
+    if (m == "GET") return ListProclets(req);
+    return MethodNotAllowed();
+  }
+  if (head == "proclets" && has_arg && absl::EndsWith(arg, "/migrate")) {
+    route = "/system/proclets/{id}/migrate";
+    SILT_AUTH();
+    if (m == "POST")
+      return MigrateProclet(req, arg.substr(0, arg.size() - 8));
+    return MethodNotAllowed();
+  }
+  if (head == "state") {
+    route = has_arg ? "/system/state/{name}" : "/system/state";
+    SILT_AUTH();
+    if (m == "GET") return GetState(req, arg);
+    if (m == "DELETE" && has_arg) return DeleteState(req, arg);
+    return MethodNotAllowed();
+  }
   if (head == "snapshots" && (!has_arg || IsRouteName(arg))) {
     route = has_arg ? "/system/snapshots/{name}" : "/system/snapshots";
     SILT_AUTH();
@@ -657,6 +683,7 @@ absl::StatusOr<HttpResponse> Api::Namespace(const HttpRequest& req,
     store::WriteBatch batch;
     batch.DeleteNamespace(name);
     if (auto s = store_->Write(batch); !s.ok()) return s;
+    nodes_->directory()->DeleteNamespace(std::string(name));
     nodes_->FunctionsChanged();
     nodes_->FunctionsChanged();
     return HttpResponse::Empty(202);
@@ -1019,13 +1046,20 @@ absl::StatusOr<HttpResponse> Api::DeleteSnapshots(const HttpRequest& req,
 absl::StatusOr<HttpResponse> Api::ListNodes() {
   ordered_json out = ordered_json::array();
   for (const auto& n : nodes_->Nodes()) {
-    out.push_back({{"name", n.name},
-                   {"address", n.address},
-                   {"cores", n.cores},
-                   {"gpus", n.gpus},
-                   {"memoryBytes", n.memory_bytes},
-                   {"memoryUsedBytes", n.memory_used_bytes},
-                   {"instances", n.instances}});
+    out.push_back(
+        {{"name", n.name},
+         {"address", n.address},
+         {"dataAddress", n.data_address},
+         {"cores", n.cores},
+         {"gpus", n.gpus},
+         {"memoryBytes", n.memory_bytes},
+         {"memoryUsedBytes", n.memory_used_bytes},
+         {"memoryFreeBytes", n.memory_bytes > n.memory_used_bytes
+                                 ? n.memory_bytes - n.memory_used_bytes
+                                 : 0},
+         {"instances", n.instances},
+         {"proclets", n.shards},
+         {"procletBytes", n.shard_bytes}});
   }
   return HttpResponse::Json(200, out.dump());
 }

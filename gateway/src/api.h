@@ -88,6 +88,15 @@ class Api {
                                              absl::string_view name);
   absl::StatusOr<HttpResponse> DeleteSnapshots(const HttpRequest& req,
                                                absl::string_view name);
+  // State and memory proclets (api_state.cc).
+  absl::StatusOr<HttpResponse> ListProclets(const HttpRequest& req);
+  absl::StatusOr<HttpResponse> MigrateProclet(const HttpRequest& req,
+                                              absl::string_view id);
+  absl::StatusOr<HttpResponse> GetState(const HttpRequest& req,
+                                        absl::string_view name);
+  absl::StatusOr<HttpResponse> DeleteState(const HttpRequest& req,
+                                           absl::string_view name);
+  absl::StatusOr<HttpResponse> DrainNode(absl::string_view node);
 
   // Namespace from the body value, else the ?namespace= query, else the
   // default; it must exist and carry the openfaas=1 label.

@@ -24,6 +24,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace v1 = silt::invoker::v1;
+namespace pv1 = silt::proclets::v1;
 
 std::string Key(const std::string& ns, const std::string& name) {
   return ns + "/" + name;
@@ -89,6 +90,9 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     uint64_t session = 0;
     uint32_t cores = 0, gpus = 0;
     uint64_t memory = 0, memory_used = 0;
+    std::string data_address;
+    uint64_t shard_bytes = 0;
+    uint32_t shards = 0;
     grpc::ServerContext* ctx = nullptr;
     grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream =
         nullptr;
@@ -106,6 +110,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   BundleStore* bundles;
   std::unique_ptr<grpc::Server> server;
   std::string address;
+  std::unique_ptr<Directory> directory;
 
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Node>> nodes;    // by name
@@ -245,6 +250,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     node->cores = reg.capacity().cores();
     node->gpus = reg.capacity().gpus();
     node->memory = reg.capacity().memory_bytes();
+    node->data_address = reg.data_address();
     node->ctx = ctx;
     node->stream = stream;
     node->last_seen = Clock::now();
@@ -275,8 +281,14 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     v1::NodeMessage m;
     while (stream->Read(&m)) {
       if (!m.has_report()) continue;
+      std::vector<Directory::Held> held;
+      for (const auto& sh : m.report().shards())
+        held.push_back({sh.id(), sh.bytes(), sh.count()});
+      directory->Report(node->name, held);
       std::lock_guard<std::mutex> l(mu);
       node->last_seen = Clock::now();
+      node->shard_bytes = m.report().shard_bytes();
+      node->shards = static_cast<uint32_t>(held.size());
       node->memory_used = m.report().used().memory_bytes();
       node->counts.clear();
       for (const auto& c : m.report().instances())
@@ -285,12 +297,16 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       for (const auto& sn : m.report().snapshots()) snaps[sn.id()] = sn;
       RecordSnapshotsLocked(*node, std::move(snaps));
     }
+    bool gone = false;
     {
       std::lock_guard<std::mutex> l(mu);
       auto it = nodes.find(node->name);
-      if (it != nodes.end() && it->second->session == node->session)
+      if (it != nodes.end() && it->second->session == node->session) {
         nodes.erase(it);
+        gone = true;
+      }
     }
+    if (gone) directory->NodeGone(node->name);
     {
       std::lock_guard<std::mutex> w(node->write_mu);
       node->stream = nullptr;
@@ -319,6 +335,66 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
                 info.SerializeAsString());
     store->Write(batch).IgnoreError();  // the next report retries
     node.snapshots = std::move(now);
+  }
+
+  static void ToLayout(const StructureView& v, pv1::Layout* out) {
+    out->set_namespace_(v.ns);
+    out->set_name(v.name);
+    out->set_kind(static_cast<pv1::Kind>(v.kind));
+    out->set_max_shard_bytes(v.max_shard_bytes);
+    out->set_version(v.version);
+    for (const auto& f : v.functions) out->add_functions(f);
+    for (const auto& s : v.shards) {
+      auto* loc = out->add_shards();
+      loc->set_id(s.id);
+      loc->set_lo(s.lo);
+      loc->set_hi(s.hi);
+      loc->set_node(s.node);
+      loc->set_data_address(s.data_address);
+      loc->set_epoch(s.epoch);
+      loc->set_state(static_cast<pv1::ShardState>(s.state));
+      loc->set_bytes(s.bytes);
+      loc->set_count(s.count);
+    }
+  }
+
+  grpc::Status OpenStructure(grpc::ServerContext*,
+                             const v1::OpenStructureRequest* req,
+                             pv1::Layout* res) override {
+    if (req->kind() < pv1::KIND_MAP || req->kind() > pv1::KIND_QUEUE)
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "unknown structure kind");
+    auto v = directory->OpenStructure(
+        req->namespace_(), req->name(),
+        static_cast<StructureKind>(req->kind()), req->initial_shards(),
+        req->max_shard_bytes(), req->function());
+    if (!v.ok())
+      return grpc::Status(static_cast<grpc::StatusCode>(v.status().code()),
+                          std::string(v.status().message()));
+    ToLayout(*v, res);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetLayout(grpc::ServerContext*, const v1::GetLayoutRequest* req,
+                         pv1::Layout* res) override {
+    auto v = directory->Get(req->namespace_(), req->name());
+    if (!v.ok())
+      return grpc::Status(static_cast<grpc::StatusCode>(v.status().code()),
+                          std::string(v.status().message()));
+    ToLayout(*v, res);
+    return grpc::Status::OK;
+  }
+
+  // Live nodes for the directory.
+  std::vector<DirectoryNode> DirectoryNodes() {
+    std::lock_guard<std::mutex> l(mu);
+    std::vector<DirectoryNode> out;
+    for (auto& [n, node] : nodes) {
+      if (node->data_address.empty()) continue;
+      out.push_back({node->name, node->data_address, node->memory,
+                     node->memory_used, node->channel});
+    }
+    return out;
   }
 
   grpc::Status FindSnapshot(grpc::ServerContext*,
@@ -632,11 +708,17 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
   if (host.empty()) host = "0.0.0.0";
   impl->address = absl::StrCat(host, ":", port);
   Impl* p = impl.get();
+  auto dir = Directory::Open(store, options.directory,
+                             [p] { return p->DirectoryNodes(); });
+  if (!dir.ok()) return dir.status();
+  impl->directory = *std::move(dir);
   impl->liveness = std::thread([p] { p->LivenessLoop(); });
   return std::unique_ptr<NodeRegistry>(new NodeRegistry(std::move(impl)));
 }
 
 std::string NodeRegistry::address() const { return impl_->address; }
+
+Directory* NodeRegistry::directory() { return impl_->directory.get(); }
 
 void NodeRegistry::FunctionsChanged() {
   {
@@ -674,7 +756,8 @@ std::vector<NodeInfo> NodeRegistry::Nodes() {
     uint32_t instances = 0;
     for (auto& [k, c] : node->counts) instances += c.ready();
     out.push_back({node->name, node->address, node->cores, node->gpus,
-                   node->memory, node->memory_used, instances});
+                   node->memory, node->memory_used, instances,
+                   node->data_address, node->shards, node->shard_bytes});
   }
   return out;
 }

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "bundles.h"
+#include "directory.h"
 #include "http_types.h"
 #include "store/store.h"
 
@@ -55,6 +56,9 @@ struct NodeInfo {
   uint64_t memory_bytes = 0;
   uint64_t memory_used_bytes = 0;
   uint32_t instances = 0;
+  std::string data_address;  // state and migration traffic
+  uint32_t shards = 0;       // memory proclets held
+  uint64_t shard_bytes = 0;
 };
 
 // One snapshot image and the nodes that hold it (the catalog).
@@ -73,6 +77,7 @@ struct NodeRegistryOptions {
   std::string listen = "127.0.0.1:8081";
   // A node that sends no report for this long is dropped and its replicas move.
   std::chrono::milliseconds node_timeout{std::chrono::seconds(5)};
+  DirectoryOptions directory;
 };
 
 class NodeRegistry {
@@ -83,6 +88,8 @@ class NodeRegistry {
   ~NodeRegistry();
 
   std::string address() const;
+  // The proclet directory (owned here: it places shards on these nodes).
+  Directory* directory();
   // The function table changed (deploy, update, delete, scale, secret): rebuild
   // the specs and send every node its new assignment.
   void FunctionsChanged();

@@ -36,6 +36,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "channel.h"
+#include "invoker/proto/proclets.grpc.pb.h"
+#include "proclet_host.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gpu/devices.h"
@@ -343,6 +345,43 @@ absl::StatusOr<int> ListenIn(const std::string& dir) {
 
 }  // namespace
 
+// ProcletHost over gRPC: the gateway's control of the shards held here.
+class ProcletService final : public pv1::ProcletHost::Service {
+ public:
+  explicit ProcletService(ProcletHost* host) : host_(host) {}
+
+  grpc::Status CreateShard(grpc::ServerContext*,
+                           const pv1::CreateShardRequest* req,
+                           pv1::CreateShardResponse*) override {
+    return ToGrpc(host_->CreateShard(req->shard()));
+  }
+  grpc::Status DropShards(grpc::ServerContext*,
+                          const pv1::DropShardsRequest* req,
+                          pv1::DropShardsResponse*) override {
+    host_->DropShards({req->ids().begin(), req->ids().end()});
+    return grpc::Status::OK;
+  }
+  grpc::Status MigrateShard(grpc::ServerContext*,
+                            const pv1::MigrateShardRequest* req,
+                            pv1::MigrateShardResponse* res) override {
+    auto r = host_->Migrate(req->id(), req->target_data_address());
+    if (!r.ok()) return ToGrpc(r.status());
+    *res = *std::move(r);
+    return grpc::Status::OK;
+  }
+  grpc::Status SplitShard(grpc::ServerContext*,
+                          const pv1::SplitShardRequest* req,
+                          pv1::SplitShardResponse* res) override {
+    auto r = host_->Split(req->id(), req->new_id());
+    if (!r.ok()) return ToGrpc(r.status());
+    *res = *std::move(r);
+    return grpc::Status::OK;
+  }
+
+ private:
+  ProcletHost* host_;
+};
+
 struct Invoker::Impl final : public v1::Invoker::Service {
   Options options;
   std::string node_name;
@@ -356,6 +395,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::unique_ptr<v1::Control::Stub> control;
   LogBook logs;
   std::unique_ptr<LogCollector> collector;
+  // Memory proclets held here and the instances' state connections.
+  std::unique_ptr<ProcletHost> proclet_host;
+  std::unique_ptr<ProcletService> proclet_service;
   std::atomic<uint64_t> instance_seq{0};
 
   // One pool per function version.
@@ -540,6 +582,16 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     return absl::OkStatus();
   }
 
+  // An instance's state connection: the proclet host serves one end; the
+  // other (returned) goes to the worker.
+  absl::StatusOr<int> StateSocket(const FunctionSpec& spec) {
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0)
+      return absl::InternalError("socketpair failed");
+    proclet_host->Attach(sp[0], spec.namespace_(), spec.name());
+    return sp[1];
+  }
+
   // The sandbox of an instance of `spec` (argv, env and fds are the
   // caller's).
   absl::Status SandboxFor(const FunctionSpec& spec, const Bundle& bundle,
@@ -608,6 +660,13 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (!proc.ok()) return proc.status();
     inst->proc = *std::move(proc);
 
+    auto state = StateSocket(spec);
+    if (!state.ok()) return state.status();
+    absl::Status sent = SendFds(inst->channel, &*state, 1);
+    close(*state);
+    if (!sent.ok())
+      return absl::UnavailableError(
+          absl::StrCat("instance ", inst->id, " died at start"));
     v1::WorkerConfig cfg;
     *cfg.mutable_spec() = spec;
     cfg.mutable_spec()->clear_secrets();
@@ -738,10 +797,17 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     inst.channel = chan;
     int out_w, err_w;
     if (auto s = LogPipes(spec, inst.id, &out_w, &err_w); !s.ok()) return s;
-    int fds[2] = {out_w, err_w};
-    absl::Status s = SendFds(chan, fds, 2);
+    auto state = StateSocket(spec);
+    if (!state.ok()) {
+      close(out_w);
+      close(err_w);
+      return state.status();
+    }
+    int fds[3] = {out_w, err_w, *state};
+    absl::Status s = SendFds(chan, fds, 3);
     close(out_w);
     close(err_w);
+    close(*state);
     if (!s.ok()) return s;
     v1::WorkerCall resume;
     resume.set_op("resume");
@@ -1310,12 +1376,19 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       close(chan[1]);
       return s;
     }
+    auto state = StateSocket(pool.spec);
+    if (!state.ok()) {
+      close(chan[1]);
+      close(out_w);
+      close(err_w);
+      return state.status();
+    }
     v1::WorkerReply reply;
     absl::Status s;
     {
       std::lock_guard<std::mutex> l(t->fork_mu);
-      int fds[3] = {chan[1], out_w, err_w};
-      s = SendFds(t->inst->channel, fds, 3);
+      int fds[4] = {chan[1], out_w, err_w, *state};
+      s = SendFds(t->inst->channel, fds, 4);
       v1::WorkerCall fork;
       fork.set_op("fork");
       fork.set_instance_id(inst->id);
@@ -1328,6 +1401,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     close(chan[1]);
     close(out_w);
     close(err_w);
+    close(*state);
     if (!s.ok()) return s;
     if (reply.status() != 200)
       return absl::InternalError(absl::StrCat("fork failed: ", reply.body()));
@@ -1971,7 +2045,13 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
     for (const auto& [key, pool] : pools)
       if (pool->tmpl) mem += pool->tmpl->inst->proc->cgroup().MemoryUsage();
-    r.mutable_used()->set_memory_bytes(mem);
+    uint64_t shard_bytes = 0;
+    for (auto& info : proclet_host->Shards()) {
+      shard_bytes += info.bytes();
+      *r.add_shards() = std::move(info);
+    }
+    r.set_shard_bytes(shard_bytes);
+    r.mutable_used()->set_memory_bytes(mem + shard_bytes);
     std::set<std::string> resident;
     for (const auto& [key, pool] : pools)
       if (pool->tmpl) resident.insert(pool->tmpl->snapshot_id);
@@ -2002,10 +2082,15 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       auto* reg = hello.mutable_register_();
       reg->set_node_name(node_name);
       reg->set_address(address);
-      reg->mutable_capacity()->set_cores(std::thread::hardware_concurrency());
+      reg->set_data_address(proclet_host->data_address());
+      reg->mutable_capacity()->set_cores(
+          options.cpus > 0 ? options.cpus
+                           : std::thread::hardware_concurrency());
       reg->mutable_capacity()->set_gpus(gpus);
       struct sysinfo si;
-      if (sysinfo(&si) == 0)
+      if (options.memory_bytes > 0)
+        reg->mutable_capacity()->set_memory_bytes(options.memory_bytes);
+      else if (sysinfo(&si) == 0)
         reg->mutable_capacity()->set_memory_bytes(
             static_cast<uint64_t>(si.totalram) * si.mem_unit);
       if (stream->Write(hello)) {
@@ -2132,6 +2217,47 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     return absl::PermissionDeniedError(
         absl::StrCat("data dir: ", ec.message()));
 
+  {
+    ProcletHostOptions po;
+    po.data_listen = options.listen.substr(0, options.listen.rfind(':')) + ":0";
+    Impl* p = impl.get();
+    po.resolve = [p](const std::string& ns, const std::string& name,
+                     pv1::Kind kind, uint32_t initial_shards,
+                     uint64_t max_shard_bytes, bool create,
+                     const std::string& function)
+        -> absl::StatusOr<pv1::Layout> {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+      pv1::Layout layout;
+      grpc::Status st;
+      if (create) {
+        v1::OpenStructureRequest req;
+        req.set_namespace_(ns);
+        req.set_name(name);
+        req.set_kind(kind);
+        req.set_initial_shards(initial_shards);
+        req.set_max_shard_bytes(max_shard_bytes);
+        req.set_function(function);
+        st = p->control->OpenStructure(&ctx, req, &layout);
+      } else {
+        v1::GetLayoutRequest req;
+        req.set_namespace_(ns);
+        req.set_name(name);
+        st = p->control->GetLayout(&ctx, req, &layout);
+      }
+      if (!st.ok())
+        return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                            st.error_message());
+      return layout;
+    };
+    auto host = ProcletHost::Start(std::move(po));
+    if (!host.ok()) return host.status();
+    impl->proclet_host = *std::move(host);
+    impl->proclet_service =
+        std::make_unique<ProcletService>(impl->proclet_host.get());
+  }
+
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
@@ -2148,6 +2274,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
   builder.SetSyncServerOption(
       grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 256);
   builder.RegisterService(impl.get());
+  builder.RegisterService(impl->proclet_service.get());
   impl->server = builder.BuildAndStart();
   if (!impl->server || port == 0)
     return absl::UnavailableError(

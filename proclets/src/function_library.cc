@@ -10,9 +10,18 @@ namespace {
 
 silt_str Str(const std::string& s) { return {s.data(), s.size()}; }
 
+// Where no state service is attached (unit tests, tools): every state call
+// fails as unreachable.
+int NoStateCall(void*, const char*, size_t, void*,
+                void (*)(void*, const char*, size_t)) {
+  return -1;
+}
+constexpr silt_state_api kNoState = {nullptr, NoStateCall};
+
 silt_context MakeContext(const CallContext& c) {
   return {Str(c.function_name), Str(c.function_namespace), Str(c.call_id),
-          Str(c.instance_id), Str(c.secrets_dir)};
+          Str(c.instance_id),   Str(c.secrets_dir),
+          c.state != nullptr ? c.state : &kNoState};
 }
 
 }  // namespace

@@ -230,6 +230,117 @@ TEST_F(FunctionsTest, NativeFunctionThroughTheGateway) {
   EXPECT_GE(Available("probe"), 1u);
 }
 
+// Function state: a sharded map, vector and queue through the SDK of a
+// deployed C++ function; shards placed on the node with the most free memory
+// (not where the instance runs), kept across cold starts, moved live under
+// concurrent writers without losing an acknowledged write, and reported lost
+// with the node's name when their node is killed.
+TEST_F(FunctionsTest, StateStructuresPlacedMovedAndLost) {
+  // node-b offers far more memory than this machine has: it gets the shards.
+  StartInvoker("node-b", {"--memory", "100000000"});
+  WaitNodes(2);
+  Deploy({{"service", "probe"}});
+  auto ok = [&](const std::string& path, const std::string& body = "") {
+    auto r = Invoke("POST", "/function/probe" + path, body);
+    EXPECT_EQ(r.status, 200) << path << ": " << r.body;
+    return r.body;
+  };
+  EXPECT_EQ(ok("/kv/put?k=a&v=1"), "ok");
+  EXPECT_EQ(ok("/kv/get?k=a"), "1");
+  EXPECT_EQ(ok("/kv/size"), "1");
+  EXPECT_EQ(ok("/kv/erase?k=a"), "erased");
+  auto r = Invoke("GET", "/function/probe/kv/get?k=a");
+  EXPECT_EQ(r.status, 404) << r.body;
+  EXPECT_EQ(ok("/kv/mput?n=200&p=key&v=val"), "ok");
+  EXPECT_EQ(ok("/kv/mget?n=200&p=key&v=val"), "200");
+  EXPECT_EQ(ok("/vec/push?name=v&v=7"), "0");
+  EXPECT_EQ(ok("/vec/push?name=v&v=9"), "1");
+  EXPECT_EQ(ok("/vec/get?name=v&i=1"), "9");
+  EXPECT_EQ(ok("/vec/size?name=v"), "2");
+  ok("/q/push?name=q", "first");
+  ok("/q/push?name=q", "second");
+  EXPECT_EQ(ok("/q/pop?name=q"), "first");
+  EXPECT_EQ(ok("/q/pop?name=q"), "second");
+  r = Invoke("GET", "/function/probe/q/pop?name=q&ms=50");
+  EXPECT_EQ(r.status, 408) << r.body;
+
+  // Bad input: a clear error, nothing changed.
+  r = Invoke("GET", "/function/probe/vec/push?name=kv&v=1");
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_TRUE(absl::StrContains(r.body, "is a map, not a vector")) << r.body;
+  r = Invoke("GET", "/function/probe/kv/get?name=Bad!&k=a");
+  EXPECT_EQ(r.status, 400) << r.body;
+  r = Invoke("POST", "/function/probe/kv/put?k=big", std::string(2 << 20, 'x'));
+  EXPECT_EQ(r.status, 413) << r.body;
+  EXPECT_EQ(ok("/kv/size"), "200");
+
+  // Placement: every shard on node-b, the node with the most free memory.
+  auto procs = json::parse(gw_->Call("GET", "/system/proclets").body);
+  ASSERT_EQ(procs.size(), 3u) << procs.dump();
+  for (const auto& p : procs) EXPECT_EQ(p["node"], "node-b") << p.dump();
+  auto st = gw_->Call("GET", "/system/state/kv");
+  ASSERT_EQ(st.status, 200) << st.body;
+  EXPECT_EQ(json::parse(st.body)["kind"], "map");
+  EXPECT_EQ(gw_->Call("GET", "/system/state/nope").status, 404);
+
+  // State outlives instances: a new instance (boot) sees it.
+  r = Invoke("GET", "/function/probe/kv/get?k=key7", "",
+             {{"X-Silt-Cold-Start", "boot"}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "val7");
+
+  // Live migration of the map's shard to node-a under concurrent writers:
+  // every acknowledged write is there afterwards.
+  uint64_t kv_id = 0;
+  for (const auto& p : procs)
+    if (p["structure"] == "kv") kv_id = p["id"];
+  std::atomic<bool> stop{false};
+  std::atomic<int> acked{0};
+  std::thread writer([&] {
+    for (int i = 0; !stop && i < 5000; ++i) {
+      auto w = Invoke("GET", "/function/probe/kv/put?k=w" + std::to_string(i) +
+                                 "&v=x" + std::to_string(i));
+      if (w.status != 200) break;
+      acked = i + 1;
+    }
+  });
+  ASSERT_TRUE(Eventually([&] { return acked > 20; }));
+  auto mig = gw_->Call("POST",
+                       "/system/proclets/" + std::to_string(kv_id) + "/migrate",
+                       R"({"node": "node-a"})");
+  EXPECT_EQ(mig.status, 200) << mig.body;
+  int at_migration = acked;
+  ASSERT_TRUE(Eventually([&] { return acked > at_migration + 20; }));
+  stop = true;
+  writer.join();
+  EXPECT_EQ(ok("/kv/mget?n=" + std::to_string(acked.load()) + "&p=w&v=x"),
+            std::to_string(acked.load()));
+  procs = json::parse(gw_->Call("GET", "/system/proclets").body);
+  for (const auto& p : procs)
+    if (p["id"] == kv_id) EXPECT_EQ(p["node"], "node-a") << p.dump();
+  // Bad migrations: unknown node, not a number.
+  EXPECT_EQ(gw_->Call("POST", "/system/proclets/" + std::to_string(kv_id) +
+                                  "/migrate",
+                      R"({"node": "nowhere"})")
+                .status,
+            404);
+  EXPECT_EQ(gw_->Call("POST", "/system/proclets/x/migrate", "{}").status, 400);
+
+  // Deleting the structure forgets it: the next use starts empty.
+  EXPECT_EQ(gw_->Call("DELETE", "/system/state/v").status, 202);
+  EXPECT_EQ(ok("/vec/size?name=v"), "0");
+
+  // node-b dies without handing its shards over: calls get a clear error
+  // naming it, never an empty value.
+  invokers_["node-b"]->Stop(SIGKILL);
+  invokers_.erase("node-b");
+  ASSERT_TRUE(Eventually([&] {
+    auto g = Invoke("GET", "/function/probe/q/pop?name=q");
+    return g.status == 503 && absl::StrContains(g.body, "node-b");
+  }));
+  EXPECT_EQ(ok("/kv/get?k=key3"), "val3");  // on node-a since the move
+}
+
 TEST_F(FunctionsTest, MemoryLimitKillsOnlyThatInstance) {
   Deploy({{"service", "probe"}, {"limits", {{"memory", "64Mi"}}}});
   EXPECT_EQ(Invoke("GET", "/function/probe/alloc?mb=16").status, 200);

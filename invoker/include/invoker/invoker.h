@@ -34,6 +34,10 @@ struct Options {
   bool fast_restore = true;
   // Memory the resident fork templates may use together; 0: no templates.
   uint64_t template_memory_bytes = uint64_t{1} << 30;
+  // This node's capacity as reported to the gateway (placement); 0: the
+  // machine's.
+  uint32_t cpus = 0;
+  uint64_t memory_bytes = 0;
 };
 
 // Call first thing in main, while the process has one thread: gives the

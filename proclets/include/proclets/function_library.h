@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "silt/abi.h"
 
 namespace silt::proclets {
 
@@ -21,6 +22,9 @@ struct CallContext {
   std::string call_id;
   std::string instance_id;
   std::string secrets_dir = "/var/openfaas/secrets";
+  // The function's state service (not owned); null: state calls fail as
+  // unavailable.
+  const silt_state_api* state = nullptr;
 };
 
 struct FunctionCall {

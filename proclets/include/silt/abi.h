@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define SILT_ABI_VERSION 1u
+#define SILT_ABI_VERSION 2u /* 2: silt_context.state */
 
 typedef struct silt_str {
   const char* data;
@@ -40,6 +40,17 @@ typedef struct silt_request {
   silt_str body;
 } silt_request;
 
+/* The instance's connection to its function's state (sharded maps, vectors,
+ * queues; silt/state.h builds the requests, silt/state_wire.h is their
+ * format). call() sends one request and passes the whole reply to append()
+ * (which may be called several times); it returns 0, or -1 when the state
+ * service cannot be reached. Safe to call from several threads. */
+typedef struct silt_state_api {
+  void* host;
+  int (*call)(void* host, const char* request, size_t request_len, void* out,
+              void (*append)(void* out, const char* data, size_t len));
+} silt_state_api;
+
 typedef struct silt_context {
   silt_str function_name;
   silt_str function_namespace;
@@ -47,6 +58,7 @@ typedef struct silt_context {
   silt_str
       instance_id; /* unique per instance, fresh after every restore or fork */
   silt_str secrets_dir; /* directory holding one file per secret */
+  const silt_state_api* state; /* never NULL */
 } silt_context;
 
 /* How a handler writes its response: the host owns the storage. */

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "silt/abi.h"
+#include "silt/state.h"
 
 namespace silt {
 
@@ -104,6 +105,21 @@ class Context {
     std::stringstream ss;
     ss << in.rdbuf();
     return ss.str();
+  }
+
+  // The function namespace's state structures (see silt/state.h): handles
+  // are cheap; the structure is created on first use.
+  template <typename K, typename V>
+  silt::Map<K, V> Map(std::string name, StateOptions options = {}) const {
+    return silt::Map<K, V>(c_->state, std::move(name), options);
+  }
+  template <typename T>
+  silt::Vector<T> Vector(std::string name, StateOptions options = {}) const {
+    return silt::Vector<T>(c_->state, std::move(name), options);
+  }
+  template <typename T>
+  silt::Queue<T> Queue(std::string name, StateOptions options = {}) const {
+    return silt::Queue<T>(c_->state, std::move(name), options);
   }
 
   // One line to the instance's stdout / stderr (what `silt logs` shows).

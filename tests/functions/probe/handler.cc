@@ -63,8 +63,115 @@ void AfterRestore(silt::Context&) {
   ++restores;
 }
 
+// A state error as the test sees it: "<code name>: <message>".
+silt::Response StateError(silt::StateCode c, const std::string& msg) {
+  int status = c == silt::StateCode::kNotFound    ? 404
+               : c == silt::StateCode::kInvalid   ? 400
+               : c == silt::StateCode::kTooLarge  ? 413
+               : c == silt::StateCode::kTimeout   ? 408
+               : c == silt::StateCode::kWrongKind ? 409
+                                                  : 503;
+  return silt::Response::Text(
+      status, std::string(silt::wire::StateCodeName(c)) + ": " + msg);
+}
+
+// /kv/{get,put,erase,size,mput,mget}, /vec/{push,get,size}, /q/{push,pop}:
+// the state SDK driven by query parameters (name, k, v, n, i, ms).
+silt::Response StateCall(std::string_view path, const silt::Request& req,
+                         silt::Context& ctx) {
+  std::string name = Param(req.query, "name");
+  if (name.empty()) name = "kv";
+  if (path.substr(0, 4) == "/kv/") {
+    auto m = ctx.Map<std::string, std::string>(name);
+    std::string op(path.substr(4)), k = Param(req.query, "k");
+    if (op == "get") {
+      auto r = m.Get(k);
+      return r.ok() ? silt::Response::Text(200, *r)
+                    : StateError(r.code(), r.message());
+    }
+    if (op == "put") {
+      std::string v =
+          req.body.empty() ? Param(req.query, "v") : std::string(req.body);
+      auto r = m.Put(k, v);
+      return r.ok() ? silt::Response::Text(200, "ok")
+                    : StateError(r.code(), r.message());
+    }
+    if (op == "erase") {
+      auto r = m.Erase(k);
+      return r.ok() ? silt::Response::Text(200, *r ? "erased" : "absent")
+                    : StateError(r.code(), r.message());
+    }
+    if (op == "size") {
+      auto r = m.Size();
+      return r.ok() ? silt::Response::Text(200, std::to_string(*r))
+                    : StateError(r.code(), r.message());
+    }
+    if (op == "mput") {  // n keys k0..k{n-1} with prefix p, value v
+      int n = std::atoi(Param(req.query, "n").c_str());
+      std::string p = Param(req.query, "p"), v = Param(req.query, "v");
+      std::vector<std::pair<std::string, std::string>> kvs;
+      for (int i = 0; i < n; ++i)
+        kvs.emplace_back(p + std::to_string(i), v + std::to_string(i));
+      auto r = m.MultiPut(kvs);
+      return r.ok() ? silt::Response::Text(200, "ok")
+                    : StateError(r.code(), r.message());
+    }
+    if (op == "mget") {  // how many of p0..p{n-1} hold v{i}
+      int n = std::atoi(Param(req.query, "n").c_str());
+      std::string p = Param(req.query, "p"), v = Param(req.query, "v");
+      std::vector<std::string> keys;
+      for (int i = 0; i < n; ++i) keys.push_back(p + std::to_string(i));
+      auto r = m.MultiGet(keys);
+      if (!r.ok()) return StateError(r.code(), r.message());
+      int good = 0;
+      for (int i = 0; i < n; ++i)
+        good += (*r)[i].has_value() && *(*r)[i] == v + std::to_string(i);
+      return silt::Response::Text(200, std::to_string(good));
+    }
+  }
+  if (path.substr(0, 5) == "/vec/") {
+    auto vec = ctx.Vector<int64_t>(name);
+    std::string op(path.substr(5));
+    if (op == "push") {
+      auto r = vec.PushBack(std::atoll(Param(req.query, "v").c_str()));
+      return r.ok() ? silt::Response::Text(200, std::to_string(*r))
+                    : StateError(r.code(), r.message());
+    }
+    if (op == "get") {
+      auto r =
+          vec.Get(std::strtoull(Param(req.query, "i").c_str(), nullptr, 10));
+      return r.ok() ? silt::Response::Text(200, std::to_string(*r))
+                    : StateError(r.code(), r.message());
+    }
+    if (op == "size") {
+      auto r = vec.Size();
+      return r.ok() ? silt::Response::Text(200, std::to_string(*r))
+                    : StateError(r.code(), r.message());
+    }
+  }
+  if (path.substr(0, 3) == "/q/") {
+    auto q = ctx.Queue<std::string>(name);
+    std::string op(path.substr(3));
+    if (op == "push") {
+      auto r = q.Push(std::string(req.body));
+      return r.ok() ? silt::Response::Text(200, "ok")
+                    : StateError(r.code(), r.message());
+    }
+    if (op == "pop") {
+      auto r = q.Pop(
+          std::chrono::milliseconds(std::atoi(Param(req.query, "ms").c_str())));
+      return r.ok() ? silt::Response::Text(200, *r)
+                    : StateError(r.code(), r.message());
+    }
+  }
+  return silt::Response::Text(404, "unknown state route");
+}
+
 silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
   std::string_view path = req.path;
+  if (path.substr(0, 4) == "/kv/" || path.substr(0, 5) == "/vec/" ||
+      path.substr(0, 3) == "/q/")
+    return StateCall(path, req, ctx);
   if (path == "/env") {
     const char* v = getenv(Param(req.query, "name").c_str());
     return silt::Response::Text(200, v ? v : "<unset>");

@@ -1,0 +1,1345 @@
+#include "proclet_host.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <thread>
+#include <utility>
+#include <variant>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "frames.h"
+#include "proclets/shard.h"
+#include "silt/state_wire.h"
+
+namespace silt::invoker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using proclets::MapShard;
+using proclets::QueueShard;
+using proclets::VectorShard;
+using wire::StateCode;
+using wire::StateKind;
+using wire::StateOp;
+
+constexpr uint64_t kOpenEnd = std::numeric_limits<uint64_t>::max();
+constexpr int kMaxAttempts = 6;
+// A migration stops pre-copying when one round leaves less than this dirty.
+constexpr uint64_t kFinalRoundBytes = 256 * 1024;
+constexpr int kMaxPrecopyRounds = 8;
+constexpr size_t kChunkBytes = 1 << 20;
+
+// Frames on the data port.
+enum class PeerOp : uint8_t {
+  kShardOp = 1,        // u64 id, u64 hint, then a StateOp and its arguments
+  kMigrateBegin = 2,   // str ShardInfo; no reply
+  kMigrateChunk = 3,   // u64 offset, u64 new_used, str bytes; no reply
+  kMigrateCommit = 4,  // u64 new_used -> code
+};
+
+std::string Reply(StateCode code, std::string_view payload = {}) {
+  std::string r;
+  r.reserve(1 + payload.size());
+  r.push_back(static_cast<char>(code));
+  r.append(payload);
+  return r;
+}
+
+std::string Error(StateCode code, absl::string_view message) {
+  return Reply(code, std::string_view(message.data(), message.size()));
+}
+
+StateCode CodeOf(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kOutOfRange:
+      return StateCode::kNotFound;
+    case absl::StatusCode::kResourceExhausted:
+      return StateCode::kTooLarge;
+    case absl::StatusCode::kInvalidArgument:
+      return StateCode::kInvalid;
+    case absl::StatusCode::kFailedPrecondition:
+      return StateCode::kWrongKind;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return StateCode::kUnavailable;
+    default:
+      return StateCode::kInternal;
+  }
+}
+
+pv1::Kind ProtoKind(StateKind k) { return static_cast<pv1::Kind>(k); }
+
+const char* KindName(pv1::Kind k) {
+  switch (k) {
+    case pv1::KIND_MAP:
+      return "map";
+    case pv1::KIND_VECTOR:
+      return "vector";
+    case pv1::KIND_QUEUE:
+      return "queue";
+    default:
+      return "unknown";
+  }
+}
+
+absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(
+    const std::string& addr) {
+  size_t colon = addr.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(addr.substr(colon + 1), &port) || port > 65535)
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad address \"", addr, "\" (want host:port)"));
+  return std::make_pair(addr.substr(0, colon), static_cast<uint16_t>(port));
+}
+
+absl::StatusOr<int> Dial(const std::string& addr) {
+  auto hp = SplitHostPort(addr);
+  if (!hp.ok()) return hp.status();
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(hp->second);
+  if (inet_pton(AF_INET, hp->first.c_str(), &sa.sin_addr) != 1)
+    return absl::InvalidArgumentError(absl::StrCat("bad IPv4 address ", addr));
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket failed");
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    int err = errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach ", addr, ": ", strerror(err)));
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+// The function whose instance the current thread serves (directory
+// listings show which functions use a structure).
+thread_local std::string t_function;
+
+// One shard held here.
+struct HostedShard {
+  absl::Mutex mu;
+  pv1::ShardInfo info ABSL_GUARDED_BY(mu);
+  std::unique_ptr<MapShard> map ABSL_GUARDED_BY(mu);
+  std::unique_ptr<VectorShard> vec ABSL_GUARDED_BY(mu);
+  std::unique_ptr<QueueShard> queue ABSL_GUARDED_BY(mu);
+  bool frozen ABSL_GUARDED_BY(mu) = false;  // final round of a migration
+  bool gone ABSL_GUARDED_BY(mu) = false;    // moved or dropped
+  std::string moved_to ABSL_GUARDED_BY(mu);
+  uint64_t moved_epoch ABSL_GUARDED_BY(mu) = 0;
+  // Halves split off this shard: requests whose hint is >= at go there.
+  std::vector<std::pair<uint64_t, std::shared_ptr<HostedShard>>> splits
+      ABSL_GUARDED_BY(mu);
+  Clock::time_point oversize_reported ABSL_GUARDED_BY(mu);
+
+  proclets::Arena* arena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (map) return &map->arena();
+    if (vec) return &vec->arena();
+    if (queue) return &queue->arena();
+    return nullptr;
+  }
+  uint64_t count() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (map) return map->count();
+    if (vec) return vec->count();
+    if (queue) return queue->count();
+    return 0;
+  }
+};
+
+// A pooled connection to a peer's data port.
+struct PeerConn {
+  int fd = -1;
+  std::unique_ptr<FrameReader> reader;
+  ~PeerConn() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+}  // namespace
+
+struct ProcletHost::Impl {
+  ProcletHostOptions options;
+  std::string address;
+  int listener = -1;
+  std::thread acceptor;
+
+  absl::Mutex mu;  // shards and tombstones
+  std::map<uint64_t, std::shared_ptr<HostedShard>> shards ABSL_GUARDED_BY(mu);
+
+  absl::Mutex layouts_mu;
+  std::map<std::string, std::shared_ptr<const pv1::Layout>> layouts
+      ABSL_GUARDED_BY(layouts_mu);
+
+  absl::Mutex peers_mu;
+  std::map<std::string, std::vector<std::unique_ptr<PeerConn>>> idle_peers
+      ABSL_GUARDED_BY(peers_mu);
+
+  absl::Mutex conns_mu;
+  bool stopping ABSL_GUARDED_BY(conns_mu) = false;
+  uint64_t next_conn ABSL_GUARDED_BY(conns_mu) = 0;
+  std::map<uint64_t, int> conn_fds ABSL_GUARDED_BY(conns_mu);
+  std::map<uint64_t, std::thread> conn_threads ABSL_GUARDED_BY(conns_mu);
+  std::vector<uint64_t> finished ABSL_GUARDED_BY(conns_mu);
+
+  ~Impl() {
+    {
+      absl::MutexLock l(&conns_mu);
+      stopping = true;
+      for (auto& [id, fd] : conn_fds) shutdown(fd, SHUT_RDWR);
+    }
+    if (listener >= 0) shutdown(listener, SHUT_RDWR);
+    if (acceptor.joinable()) acceptor.join();
+    std::map<uint64_t, std::thread> threads;
+    {
+      absl::MutexLock l(&conns_mu);
+      threads.swap(conn_threads);
+    }
+    for (auto& [id, t] : threads) t.join();
+    if (listener >= 0) close(listener);
+    // Wake queue waiters so nothing blocks on a dying host.
+    absl::MutexLock l(&mu);
+    shards.clear();
+  }
+
+  // ---- connections ----
+
+  // Runs `serve(fd)` on a thread of its own until it returns; then closes fd.
+  void Spawn(int fd, std::function<void(int)> serve) {
+    absl::MutexLock l(&conns_mu);
+    for (uint64_t id : finished) {
+      auto it = conn_threads.find(id);
+      if (it != conn_threads.end()) {
+        it->second.join();
+        conn_threads.erase(it);
+      }
+    }
+    finished.clear();
+    if (stopping) {
+      close(fd);
+      return;
+    }
+    uint64_t id = next_conn++;
+    conn_fds[id] = fd;
+    conn_threads[id] = std::thread([this, id, fd, serve = std::move(serve)] {
+      serve(fd);
+      absl::MutexLock l(&conns_mu);
+      conn_fds.erase(id);
+      close(fd);
+      finished.push_back(id);
+    });
+  }
+
+  void AcceptLoop() {
+    while (true) {
+      int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;  // shut down
+      }
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      Spawn(fd, [this](int fd) { ServePeer(fd); });
+    }
+  }
+
+  void ServeInstance(int fd, const std::string& ns,
+                     const std::string& function) {
+    t_function = function;
+    FrameReader reader(fd, wire::kMaxFrameBytes);
+    std::string req;
+    while (reader.Next(&req).ok()) {
+      std::string reply;
+      try {
+        reply = HandleInstance(ns, req);
+      } catch (const std::exception& e) {  // last line of defence
+        fprintf(stderr, "silt-invoker: state request of namespace %s: %s\n",
+                ns.c_str(), e.what());
+        reply = Error(StateCode::kInternal, "internal error");
+      }
+      if (!WriteBytesFrame(fd, reply).ok()) return;
+    }
+  }
+
+  void ServePeer(int fd) {
+    FrameReader reader(fd, wire::kMaxFrameBytes + 4096);
+    std::string req;
+    // A migration into this node, while one is being received here.
+    std::optional<pv1::ShardInfo> incoming;
+    std::optional<proclets::Arena> arena;
+    while (reader.Next(&req).ok()) {
+      wire::Reader r(req);
+      uint8_t op;
+      if (!r.U8(&op)) return;
+      switch (static_cast<PeerOp>(op)) {
+        case PeerOp::kShardOp: {
+          std::string reply;
+          try {
+            reply = HandleShardOp(r);
+          } catch (const std::exception& e) {
+            fprintf(stderr, "silt-invoker: shard request: %s\n", e.what());
+            reply = Error(StateCode::kInternal, "internal error");
+          }
+          if (!WriteBytesFrame(fd, reply).ok()) return;
+          break;
+        }
+        case PeerOp::kMigrateBegin: {
+          std::string_view info;
+          pv1::ShardInfo parsed;
+          if (!r.Str(&info) || !parsed.ParseFromArray(info.data(), info.size()))
+            return;
+          auto a = proclets::Arena::Create();
+          if (!a.ok()) return;
+          incoming = parsed;
+          arena.emplace(*std::move(a));
+          break;
+        }
+        case PeerOp::kMigrateChunk: {
+          uint64_t off, used;
+          std::string_view bytes;
+          if (!arena || !r.U64(&off) || !r.U64(&used) || !r.Str(&bytes)) return;
+          if (!arena->WriteAt(off, bytes, used).ok()) return;
+          break;
+        }
+        case PeerOp::kMigrateCommit: {
+          uint64_t used;
+          std::string reply;
+          if (!arena || !r.U64(&used) || used != arena->used()) {
+            reply = Error(StateCode::kInternal, "migration bytes incomplete");
+          } else {
+            absl::Status s = Install(*incoming, std::move(*arena));
+            reply = s.ok() ? Reply(StateCode::kOk)
+                           : Error(StateCode::kInternal, s.message());
+          }
+          arena.reset();
+          incoming.reset();
+          if (!WriteBytesFrame(fd, reply).ok()) return;
+          break;
+        }
+        default:
+          return;
+      }
+    }
+  }
+
+  // ---- shards held here ----
+
+  absl::Status Install(const pv1::ShardInfo& info, proclets::Arena arena) {
+    auto hs = std::make_shared<HostedShard>();
+    {
+      absl::MutexLock l(&hs->mu);
+      hs->info = info;
+      switch (info.kind()) {
+        case pv1::KIND_MAP: {
+          auto m = MapShard::Adopt(std::move(arena));
+          if (!m.ok()) return m.status();
+          hs->map = *std::move(m);
+          break;
+        }
+        case pv1::KIND_VECTOR: {
+          auto v = VectorShard::Adopt(std::move(arena));
+          if (!v.ok()) return v.status();
+          hs->vec = *std::move(v);
+          break;
+        }
+        case pv1::KIND_QUEUE: {
+          auto q = QueueShard::Adopt(std::move(arena));
+          if (!q.ok()) return q.status();
+          hs->queue = *std::move(q);
+          break;
+        }
+        default:
+          return absl::InvalidArgumentError("unknown shard kind");
+      }
+    }
+    absl::MutexLock l(&mu);
+    shards[info.id()] = std::move(hs);
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<HostedShard> Find(uint64_t id) {
+    absl::MutexLock l(&mu);
+    auto it = shards.find(id);
+    return it == shards.end() ? nullptr : it->second;
+  }
+
+  // The shard that holds `hint`, following splits made here. Returns it
+  // locked, or null (with *moved set when it went elsewhere).
+  HostedShard* Resolve(std::shared_ptr<HostedShard> hs, uint64_t hint,
+                       std::shared_ptr<HostedShard>* keep, std::string* moved,
+                       uint64_t* moved_epoch) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    while (hs) {
+      hs->mu.Lock();
+      // Wait out the final round of a migration (it is short).
+      auto deadline = absl::Now() + absl::Seconds(2);
+      while (hs->frozen && !hs->gone) {
+        if (hs->mu.AwaitWithDeadline(
+                absl::Condition(
+                    +[](HostedShard* s)
+                         ABSL_NO_THREAD_SAFETY_ANALYSIS { return !s->frozen; },
+                    hs.get()),
+                deadline))
+          break;
+        if (absl::Now() >= deadline) break;
+      }
+      if (hs->frozen && !hs->gone) {  // a stuck migration: retry later
+        hs->mu.Unlock();
+        moved->clear();
+        return nullptr;
+      }
+      if (hs->gone) {
+        *moved = hs->moved_to;
+        *moved_epoch = hs->moved_epoch;
+        hs->mu.Unlock();
+        return nullptr;
+      }
+      std::shared_ptr<HostedShard> next;
+      for (auto& [at, child] : hs->splits)
+        if (hint >= at) next = child;
+      if (!next && hint >= hs->info.lo() &&
+          (hint < hs->info.hi() || hs->info.hi() == kOpenEnd)) {
+        *keep = hs;
+        return hs.get();
+      }
+      hs->mu.Unlock();
+      if (!next) {
+        moved->clear();  // not ours: ask the directory
+        return nullptr;
+      }
+      hs = std::move(next);
+    }
+    return nullptr;
+  }
+
+  // One operation on a shard held here (a peer's, or this node's own).
+  std::string HandleShardOp(wire::Reader r) {
+    uint64_t id, hint;
+    uint8_t op;
+    if (!r.U64(&id) || !r.U64(&hint) || !r.U8(&op))
+      return Error(StateCode::kInvalid, "malformed shard request");
+    std::shared_ptr<HostedShard> hs = Find(id);
+    if (!hs) return MovedReply("", 0);
+    std::shared_ptr<HostedShard> keep;
+    std::string moved;
+    uint64_t moved_epoch = 0;
+    HostedShard* s = Resolve(hs, hint, &keep, &moved, &moved_epoch);
+    if (s == nullptr) return MovedReply(moved, moved_epoch);
+    std::string reply = Execute(*s, static_cast<StateOp>(op), r);
+    MaybeOversized(*s);
+    s->mu.Unlock();
+    return reply;
+  }
+
+  static std::string MovedReply(const std::string& to, uint64_t epoch) {
+    std::string p;
+    wire::Writer w(&p);
+    w.Str(to);
+    w.U64(epoch);
+    return Reply(StateCode::kMoved, p);
+  }
+
+  void MaybeOversized(HostedShard& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (!options.on_oversized || s.info.max_bytes() == 0) return;
+    proclets::Arena* a = s.arena();
+    if (a == nullptr || a->used() <= s.info.max_bytes()) return;
+    auto now = Clock::now();
+    if (now - s.oversize_reported < std::chrono::seconds(1)) return;
+    s.oversize_reported = now;
+    options.on_oversized(s.info.id());
+  }
+
+  // Runs op on a locked shard.
+  std::string Execute(HostedShard& s, StateOp op, wire::Reader& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    std::string out;
+    wire::Writer w(&out);
+    auto bad = [] {
+      return Error(StateCode::kInvalid, "malformed request arguments");
+    };
+    if (s.map) {
+      MapShard& m = *s.map;
+      switch (op) {
+        case StateOp::kMapGet: {
+          std::string_view k;
+          if (!r.Str(&k)) return bad();
+          auto v = m.Get(k);
+          if (!v.ok()) return Error(StateCode::kNotFound, "no such key");
+          out.push_back(0);
+          w.Str(*v);
+          return out;
+        }
+        case StateOp::kMapPut: {
+          std::string_view k, v;
+          if (!r.Str(&k) || !r.Str(&v)) return bad();
+          if (auto st = m.Put(k, v); !st.ok())
+            return Error(CodeOf(st), st.message());
+          return Reply(StateCode::kOk);
+        }
+        case StateOp::kMapErase:
+        case StateOp::kMapContains: {
+          std::string_view k;
+          if (!r.Str(&k)) return bad();
+          bool had = op == StateOp::kMapErase ? m.Erase(k) : m.Contains(k);
+          out.push_back(0);
+          w.U8(had ? 1 : 0);
+          return out;
+        }
+        case StateOp::kMapSize:
+          out.push_back(0);
+          w.U64(m.count());
+          return out;
+        case StateOp::kMapMultiGet: {
+          uint32_t n;
+          if (!r.U32(&n)) return bad();
+          out.push_back(0);
+          w.U32(n);
+          for (uint32_t i = 0; i < n; ++i) {
+            std::string_view k;
+            if (!r.Str(&k)) return bad();
+            auto v = m.Get(k);
+            w.U8(v.ok() ? 1 : 0);
+            w.Str(v.ok() ? *v : std::string_view());
+          }
+          return out;
+        }
+        case StateOp::kMapMultiPut: {
+          uint32_t n;
+          if (!r.U32(&n)) return bad();
+          for (uint32_t i = 0; i < n; ++i) {
+            std::string_view k, v;
+            if (!r.Str(&k) || !r.Str(&v)) return bad();
+            if (auto st = m.Put(k, v); !st.ok())
+              return Error(CodeOf(st), st.message());
+          }
+          return Reply(StateCode::kOk);
+        }
+        default:
+          break;
+      }
+    } else if (s.vec) {
+      VectorShard& v = *s.vec;
+      switch (op) {
+        case StateOp::kVecPush: {
+          std::string_view val;
+          if (!r.Str(&val)) return bad();
+          auto i = v.PushBack(val);
+          if (!i.ok()) return Error(CodeOf(i.status()), i.status().message());
+          out.push_back(0);
+          w.U64(*i);
+          return out;
+        }
+        case StateOp::kVecGet: {
+          uint64_t i;
+          if (!r.U64(&i)) return bad();
+          auto val = v.Get(i);
+          if (!val.ok())
+            return Error(StateCode::kNotFound,
+                         absl::StrCat("index ", i, " is past the end"));
+          out.push_back(0);
+          w.Str(*val);
+          return out;
+        }
+        case StateOp::kVecSet: {
+          uint64_t i;
+          std::string_view val;
+          if (!r.U64(&i) || !r.Str(&val)) return bad();
+          if (auto st = v.Set(i, val); !st.ok())
+            return Error(CodeOf(st),
+                         st.code() == absl::StatusCode::kOutOfRange
+                             ? absl::StrCat("index ", i, " is past the end")
+                             : std::string(st.message()));
+          return Reply(StateCode::kOk);
+        }
+        case StateOp::kVecSize:  // the end of this shard's range
+          out.push_back(0);
+          w.U64(v.first() + v.count());
+          return out;
+        case StateOp::kVecRange: {
+          uint64_t first, n;
+          if (!r.U64(&first) || !r.U64(&n)) return bad();
+          auto vals = v.Range(first, n);
+          out.push_back(0);
+          if (!vals.ok()) {
+            w.U32(0);
+            return out;
+          }
+          w.U32(static_cast<uint32_t>(vals->size()));
+          for (auto& x : *vals) w.Str(x);
+          return out;
+        }
+        default:
+          break;
+      }
+    } else if (s.queue) {
+      QueueShard& q = *s.queue;
+      switch (op) {
+        case StateOp::kQueuePush: {
+          std::string_view val;
+          if (!r.Str(&val)) return bad();
+          if (auto st = q.Push(val); !st.ok())
+            return Error(CodeOf(st), st.message());
+          return Reply(StateCode::kOk);
+        }
+        case StateOp::kQueuePop: {
+          uint32_t timeout_ms;
+          if (!r.U32(&timeout_ms)) return bad();
+          auto deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+          HostedShard* sp = &s;
+          while (q.count() == 0 && !s.gone && !s.frozen) {
+            if (!s.mu.AwaitWithDeadline(
+                    absl::Condition(
+                        +[](HostedShard* h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                          return h->gone || h->frozen ||
+                                 (h->queue && h->queue->count() > 0);
+                        },
+                        sp),
+                    deadline))
+              break;
+          }
+          if (s.gone || s.frozen)  // moving: the caller retries
+            return MovedReply(s.moved_to, s.moved_epoch);
+          auto v = q.Pop();
+          if (!v) return Error(StateCode::kTimeout, "the queue stayed empty");
+          out.push_back(0);
+          w.Str(*v);
+          return out;
+        }
+        case StateOp::kQueueSize:
+          out.push_back(0);
+          w.U64(q.count());
+          return out;
+        default:
+          break;
+      }
+    }
+    return Error(
+        StateCode::kInvalid,
+        absl::StrCat("operation ", static_cast<int>(op),
+                     " does not apply to a ", KindName(s.info.kind())));
+  }
+
+  // ---- routing (instances' requests) ----
+
+  static std::string LayoutKey(const std::string& ns, const std::string& name) {
+    return absl::StrCat(ns, "/", name);
+  }
+
+  absl::StatusOr<std::shared_ptr<const pv1::Layout>> GetLayout(
+      const std::string& ns, const std::string& name, StateKind kind,
+      bool refresh) {
+    std::string key = LayoutKey(ns, name);
+    if (!refresh) {
+      absl::MutexLock l(&layouts_mu);
+      auto it = layouts.find(key);
+      if (it != layouts.end()) return it->second;
+    }
+    if (!options.resolve)
+      return absl::UnavailableError("no directory to resolve state with");
+    auto layout = options.resolve(ns, name, ProtoKind(kind), 0, 0,
+                                  /*create=*/true, t_function);
+    if (!layout.ok()) return layout.status();
+    auto shared = std::make_shared<const pv1::Layout>(*std::move(layout));
+    absl::MutexLock l(&layouts_mu);
+    layouts[key] = shared;
+    return shared;
+  }
+
+  // After MOVED(to, epoch): patch the cached location without asking the
+  // gateway.
+  void Relocate(const std::string& ns, const std::string& name, uint64_t id,
+                const std::string& to, uint64_t epoch) {
+    absl::MutexLock l(&layouts_mu);
+    auto it = layouts.find(LayoutKey(ns, name));
+    if (it == layouts.end()) return;
+    auto copy = std::make_shared<pv1::Layout>(*it->second);
+    for (auto& s : *copy->mutable_shards()) {
+      if (s.id() == id) {
+        s.set_data_address(to);
+        s.set_epoch(epoch);
+      }
+    }
+    it->second = std::move(copy);
+  }
+
+  // Sends one shard request (already built) to loc.
+  std::string Send(const pv1::ShardLocation& loc, const std::string& req) {
+    if (loc.data_address() == address) {
+      wire::Reader r(std::string_view(req).substr(1));
+      return HandleShardOp(r);
+    }
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::unique_ptr<PeerConn> c = TakePeer(loc.data_address());
+      if (!c) break;
+      std::string reply;
+      if (WriteBytesFrame(c->fd, req).ok() && c->reader->Next(&reply).ok()) {
+        GivePeer(loc.data_address(), std::move(c));
+        return reply;
+      }
+      // A pooled connection may have died with its peer's restart: one
+      // retry on a fresh one.
+    }
+    return Error(
+        StateCode::kUnavailable,
+        absl::StrCat("cannot reach node ", loc.node(), " (", loc.data_address(),
+                     ") holding shard ", loc.id()));
+  }
+
+  std::unique_ptr<PeerConn> TakePeer(const std::string& addr) {
+    {
+      absl::MutexLock l(&peers_mu);
+      auto& pool = idle_peers[addr];
+      if (!pool.empty()) {
+        auto c = std::move(pool.back());
+        pool.pop_back();
+        return c;
+      }
+    }
+    auto fd = Dial(addr);
+    if (!fd.ok()) return nullptr;
+    auto c = std::make_unique<PeerConn>();
+    c->fd = *fd;
+    c->reader = std::make_unique<FrameReader>(*fd, wire::kMaxFrameBytes + 64);
+    return c;
+  }
+
+  void GivePeer(const std::string& addr, std::unique_ptr<PeerConn> c) {
+    absl::MutexLock l(&peers_mu);
+    auto& pool = idle_peers[addr];
+    if (pool.size() < 64) pool.push_back(std::move(c));
+  }
+
+  static std::string ShardRequest(uint64_t id, uint64_t hint, StateOp op,
+                                  std::string_view args) {
+    std::string req;
+    req.reserve(18 + args.size());
+    wire::Writer w(&req);
+    w.U8(static_cast<uint8_t>(PeerOp::kShardOp));
+    w.U64(id);
+    w.U64(hint);
+    w.U8(static_cast<uint8_t>(op));
+    w.Bytes(args);
+    return req;
+  }
+
+  static const pv1::ShardLocation* Covering(const pv1::Layout& l,
+                                            uint64_t hint) {
+    for (const auto& s : l.shards())
+      if (hint >= s.lo() && (hint < s.hi() || s.hi() == kOpenEnd)) return &s;
+    return nullptr;
+  }
+
+  // Routes a request for the shard covering `hint`, following MOVED and
+  // refreshing the layout as needed.
+  std::string Route(const std::string& ns, const std::string& name,
+                    StateKind kind, uint64_t hint, StateOp op,
+                    std::string_view args) {
+    bool refresh = false;
+    std::string last;
+    for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      auto layout = GetLayout(ns, name, kind, refresh);
+      if (!layout.ok())
+        return Error(CodeOf(layout.status()), layout.status().message());
+      if ((*layout)->kind() != ProtoKind(kind))
+        return Error(StateCode::kWrongKind,
+                     absl::StrCat("state \"", name, "\" is a ",
+                                  KindName((*layout)->kind()), ", not a ",
+                                  KindName(ProtoKind(kind))));
+      const pv1::ShardLocation* loc = Covering(**layout, hint);
+      if (loc == nullptr)
+        return Error(StateCode::kInternal,
+                     absl::StrCat("no shard of \"", name, "\" covers ", hint));
+      if (loc->state() == pv1::SHARD_LOST)
+        return Error(StateCode::kLost,
+                     absl::StrCat("shard ", loc->id(), " of \"", name,
+                                  "\" was lost: node ", loc->node(),
+                                  " stopped without handing it over"));
+      std::string reply = Send(*loc, ShardRequest(loc->id(), hint, op, args));
+      auto code = static_cast<StateCode>(reply[0]);
+      if (code == StateCode::kMoved) {
+        wire::Reader r(std::string_view(reply).substr(1));
+        std::string_view to;
+        uint64_t epoch = 0;
+        if (r.Str(&to) && r.U64(&epoch) && !to.empty()) {
+          Relocate(ns, name, loc->id(), std::string(to), epoch);
+          refresh = false;
+        } else {
+          refresh = true;
+        }
+        last = "the shard kept moving";
+        continue;
+      }
+      if (code == StateCode::kUnavailable) {
+        // Its node may have died or handed it over: ask the directory.
+        refresh = true;
+        last = reply.substr(1);
+        continue;
+      }
+      return reply;
+    }
+    return Error(StateCode::kUnavailable,
+                 absl::StrCat("state \"", name, "\": ", last));
+  }
+
+  // Runs op on every shard of the structure and gives each reply to fn.
+  std::string Broadcast(const std::string& ns, const std::string& name,
+                        StateKind kind, StateOp op,
+                        const std::function<bool(wire::Reader&)>& fn) {
+    auto layout = GetLayout(ns, name, kind, false);
+    if (!layout.ok())
+      return Error(CodeOf(layout.status()), layout.status().message());
+    std::vector<uint64_t> los;
+    for (const auto& s : (*layout)->shards()) los.push_back(s.lo());
+    for (uint64_t lo : los) {
+      std::string reply = Route(ns, name, kind, lo, op, {});
+      if (reply[0] != 0) return reply;
+      wire::Reader r(std::string_view(reply).substr(1));
+      if (!fn(r)) return Error(StateCode::kInternal, "bad shard reply");
+    }
+    return Reply(StateCode::kOk);
+  }
+
+  std::string HandleInstance(const std::string& ns, std::string_view req) {
+    wire::Reader r(req);
+    StateOp op;
+    StateKind kind;
+    std::string_view name_view;
+    if (!wire::ReadRequestHeader(&r, &op, &kind, &name_view))
+      return Error(StateCode::kInvalid, "malformed state request");
+    const std::string name(name_view);
+    if (!wire::ValidStructureName(name))
+      return Error(StateCode::kInvalid,
+                   absl::StrCat("invalid state name \"", name,
+                                "\": use 1-63 characters of [a-z0-9._-], "
+                                "starting with a letter or digit"));
+    if (kind != StateKind::kMap && kind != StateKind::kVector &&
+        kind != StateKind::kQueue)
+      return Error(StateCode::kInvalid, "unknown structure kind");
+    std::string_view args = r.rest();
+    switch (op) {
+      case StateOp::kOpen: {
+        uint32_t shards;
+        uint64_t max_bytes;
+        if (!r.U32(&shards) || !r.U64(&max_bytes))
+          return Error(StateCode::kInvalid, "malformed open request");
+        if (!options.resolve)
+          return Error(StateCode::kUnavailable, "no directory");
+        auto layout = options.resolve(ns, name, ProtoKind(kind), shards,
+                                      max_bytes, true, t_function);
+        if (!layout.ok())
+          return Error(CodeOf(layout.status()), layout.status().message());
+        auto shared = std::make_shared<const pv1::Layout>(*std::move(layout));
+        absl::MutexLock l(&layouts_mu);
+        layouts[LayoutKey(ns, name)] = shared;
+        return Reply(StateCode::kOk);
+      }
+      case StateOp::kMapGet:
+      case StateOp::kMapPut:
+      case StateOp::kMapErase:
+      case StateOp::kMapContains: {
+        wire::Reader k(args);
+        std::string_view key;
+        if (!k.Str(&key)) return Error(StateCode::kInvalid, "missing key");
+        if (key.size() > proclets::kMaxKeyBytes)
+          return Error(
+              StateCode::kTooLarge,
+              absl::StrCat("key of ", key.size(), " bytes; the limit is ",
+                           proclets::kMaxKeyBytes));
+        return Route(ns, name, kind, proclets::KeyHash(key), op, args);
+      }
+      case StateOp::kMapSize:
+      case StateOp::kQueueSize: {
+        uint64_t total = 0;
+        std::string res = Broadcast(ns, name, kind, op, [&](wire::Reader& rr) {
+          uint64_t n;
+          if (!rr.U64(&n)) return false;
+          total += n;
+          return true;
+        });
+        if (res[0] != 0) return res;
+        std::string out(1, '\0');
+        wire::Writer(&out).U64(total);
+        return out;
+      }
+      case StateOp::kMapMultiGet:
+      case StateOp::kMapMultiPut:
+        return MultiOp(ns, name, op, args);
+      case StateOp::kVecPush:
+      case StateOp::kVecSize:
+        return Route(ns, name, kind, kOpenEnd - 1, op, args);
+      case StateOp::kVecGet:
+      case StateOp::kVecSet: {
+        wire::Reader a(args);
+        uint64_t index;
+        if (!a.U64(&index)) return Error(StateCode::kInvalid, "missing index");
+        return Route(ns, name, kind, index, op, args);
+      }
+      case StateOp::kVecRange:
+        return RangeOp(ns, name, args);
+      case StateOp::kQueuePush:
+      case StateOp::kQueuePop:
+        return Route(ns, name, kind, 0, op, args);
+    }
+    return Error(StateCode::kInvalid,
+                 absl::StrCat("unknown operation ", static_cast<int>(op)));
+  }
+
+  // Multi-get/put: one request per shard holding some of the keys.
+  std::string MultiOp(const std::string& ns, const std::string& name,
+                      StateOp op, std::string_view args) {
+    bool put = op == StateOp::kMapMultiPut;
+    wire::Reader r(args);
+    uint32_t n;
+    if (!r.U32(&n)) return Error(StateCode::kInvalid, "missing count");
+    struct Item {
+      std::string_view key, value;
+      uint64_t hash;
+    };
+    std::vector<Item> items(n);
+    for (auto& it : items) {
+      if (!r.Str(&it.key) || (put && !r.Str(&it.value)))
+        return Error(StateCode::kInvalid, "malformed multi request");
+      it.hash = proclets::KeyHash(it.key);
+    }
+    auto layout = GetLayout(ns, name, StateKind::kMap, false);
+    if (!layout.ok())
+      return Error(CodeOf(layout.status()), layout.status().message());
+    // Group by the shard (its lo) that the cached layout says holds each key.
+    std::map<uint64_t, std::vector<size_t>> groups;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const pv1::ShardLocation* loc = Covering(**layout, items[i].hash);
+      groups[loc ? loc->lo() : items[i].hash].push_back(i);
+    }
+    std::vector<std::string> values(n);
+    std::vector<uint8_t> found(n, 0);
+    for (auto& [lo, idx] : groups) {
+      std::string sub;
+      wire::Writer w(&sub);
+      w.U32(static_cast<uint32_t>(idx.size()));
+      for (size_t i : idx) {
+        w.Str(items[i].key);
+        if (put) w.Str(items[i].value);
+      }
+      // The group's first key routes it; a shard split since the layout was
+      // cached still serves every key of it (splits are followed locally).
+      std::string reply =
+          Route(ns, name, StateKind::kMap, items[idx[0]].hash, op, sub);
+      if (reply[0] != 0) return reply;
+      if (put) continue;
+      wire::Reader rr(std::string_view(reply).substr(1));
+      uint32_t m;
+      if (!rr.U32(&m) || m != idx.size())
+        return Error(StateCode::kInternal, "bad shard reply");
+      for (size_t i : idx) {
+        std::string_view v;
+        if (!rr.U8(&found[i]) || !rr.Str(&v))
+          return Error(StateCode::kInternal, "bad shard reply");
+        values[i] = std::string(v);
+      }
+    }
+    std::string out(1, '\0');
+    if (put) return out;
+    wire::Writer w(&out);
+    w.U32(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      w.U8(found[i]);
+      w.Str(values[i]);
+    }
+    return out;
+  }
+
+  std::string RangeOp(const std::string& ns, const std::string& name,
+                      std::string_view args) {
+    wire::Reader r(args);
+    uint64_t first, n;
+    if (!r.U64(&first) || !r.U64(&n))
+      return Error(StateCode::kInvalid, "malformed range request");
+    n = std::min<uint64_t>(n, 1 << 20);
+    std::vector<std::string> vals;
+    uint64_t at = first;
+    while (vals.size() < n) {
+      std::string sub;
+      wire::Writer w(&sub);
+      w.U64(at);
+      w.U64(n - vals.size());
+      std::string reply =
+          Route(ns, name, StateKind::kVector, at, StateOp::kVecRange, sub);
+      if (reply[0] != 0) return reply;
+      wire::Reader rr(std::string_view(reply).substr(1));
+      uint32_t m;
+      if (!rr.U32(&m)) return Error(StateCode::kInternal, "bad shard reply");
+      for (uint32_t i = 0; i < m; ++i) {
+        std::string_view v;
+        if (!rr.Str(&v)) return Error(StateCode::kInternal, "bad shard reply");
+        vals.emplace_back(v);
+      }
+      if (m == 0) break;  // past the end
+      at += m;
+    }
+    std::string out(1, '\0');
+    wire::Writer w(&out);
+    w.U32(static_cast<uint32_t>(vals.size()));
+    for (auto& v : vals) w.Str(v);
+    return out;
+  }
+
+  // ---- migration (source side) ----
+
+  absl::StatusOr<pv1::MigrateShardResponse> Migrate(uint64_t id,
+                                                    const std::string& target) {
+    auto start = Clock::now();
+    std::shared_ptr<HostedShard> hs = Find(id);
+    if (!hs) return absl::NotFoundError(absl::StrCat("no shard ", id, " here"));
+    if (target == address)
+      return absl::InvalidArgumentError("the shard is already on that node");
+    auto fd = Dial(target);
+    if (!fd.ok()) return fd.status();
+    PeerConn conn;
+    conn.fd = *fd;
+    conn.reader = std::make_unique<FrameReader>(*fd, 4096);
+    pv1::ShardInfo info;
+    {
+      absl::MutexLock l(&hs->mu);
+      if (hs->gone) return absl::NotFoundError("the shard moved away");
+      if (hs->arena() == nullptr) return absl::InternalError("empty shard");
+      hs->arena()->TakeDirty();
+      hs->arena()->TrackWrites(true);
+      info = hs->info;
+      info.set_epoch(info.epoch() + 1);
+    }
+    auto abort = [&](absl::Status s) {
+      absl::MutexLock l(&hs->mu);
+      hs->frozen = false;
+      if (auto* a = hs->arena()) a->TrackWrites(false);
+      return s;
+    };
+    std::string begin;
+    {
+      wire::Writer w(&begin);
+      w.U8(static_cast<uint8_t>(PeerOp::kMigrateBegin));
+      w.Str(info.SerializeAsString());
+    }
+    if (auto s = WriteBytesFrame(conn.fd, begin); !s.ok()) return abort(s);
+
+    // Sends [off, off+len) of the arena, a chunk at a time, copying each
+    // chunk under the shard's lock (writers wait at most one chunk's copy).
+    uint64_t sent = 0;
+    std::string chunk;
+    auto send_range = [&](uint64_t off, uint64_t len,
+                          bool locked) -> absl::Status {
+      uint64_t end = off + len;
+      while (off < end) {
+        uint64_t n = std::min<uint64_t>(kChunkBytes, end - off);
+        chunk.clear();
+        wire::Writer w(&chunk);
+        w.U8(static_cast<uint8_t>(PeerOp::kMigrateChunk));
+        auto fill = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          proclets::Arena* a = hs->arena();
+          uint64_t used = a->used();
+          uint64_t m = off < used ? std::min<uint64_t>(n, used - off) : 0;
+          w.U64(off);
+          w.U64(used);
+          w.Str(std::string_view(a->data() + off, m));
+        };
+        if (locked) {
+          fill();
+        } else {
+          absl::MutexLock l(&hs->mu);
+          fill();
+        }
+        if (auto s = WriteBytesFrame(conn.fd, chunk); !s.ok()) return s;
+        sent += n;
+        off += n;
+      }
+      return absl::OkStatus();
+    };
+
+    uint64_t used;
+    {
+      absl::MutexLock l(&hs->mu);
+      used = hs->arena()->used();
+    }
+    if (auto s = send_range(0, used, false); !s.ok()) return abort(s);
+    uint32_t rounds = 1;
+    while (rounds < kMaxPrecopyRounds) {
+      std::vector<std::pair<uint64_t, uint64_t>> dirty;
+      {
+        absl::MutexLock l(&hs->mu);
+        dirty = hs->arena()->TakeDirty();
+      }
+      uint64_t bytes = 0;
+      for (auto& [o, n] : dirty) bytes += n;
+      if (bytes < kFinalRoundBytes) {
+        // Put them back for the final round: simplest is to resend them
+        // there.
+        absl::MutexLock l(&hs->mu);
+        for (auto& [o, n] : dirty) hs->arena()->MarkDirty(o, n);
+        break;
+      }
+      ++rounds;
+      for (auto& [o, n] : dirty)
+        if (auto s = send_range(o, n, false); !s.ok()) return abort(s);
+    }
+
+    // Final round: hold writes, send what changed and the final size, commit.
+    Clock::time_point pause_start;
+    absl::Status commit;
+    {
+      absl::MutexLock l(&hs->mu);
+      hs->frozen = true;
+      pause_start = Clock::now();
+      proclets::Arena* a = hs->arena();
+      for (auto& [o, n] : a->TakeDirty()) {
+        commit = send_range(o, n, true);
+        if (!commit.ok()) break;
+      }
+      // The tail past what was sent so far (the arena may have grown).
+      if (commit.ok()) {
+        std::string req;
+        wire::Writer w(&req);
+        w.U8(static_cast<uint8_t>(PeerOp::kMigrateCommit));
+        w.U64(a->used());
+        std::string reply;
+        commit = WriteBytesFrame(conn.fd, req);
+        if (commit.ok()) {
+          hs->mu.Unlock();  // the target installs; writers stay held
+          commit = conn.reader->Next(&reply);
+          hs->mu.Lock();
+        }
+        if (commit.ok() && (reply.empty() || reply[0] != 0))
+          commit = absl::InternalError(
+              absl::StrCat("target refused the shard: ",
+                           reply.empty() ? "empty reply" : reply.substr(1)));
+      }
+      if (commit.ok()) {
+        hs->gone = true;
+        hs->frozen = false;
+        hs->moved_to = target;
+        hs->moved_epoch = info.epoch();
+        hs->map.reset();
+        hs->vec.reset();
+        hs->queue.reset();
+      }
+    }
+    if (!commit.ok()) return abort(commit);
+    double pause_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - pause_start)
+            .count();
+    pv1::MigrateShardResponse res;
+    res.set_epoch(info.epoch());
+    res.set_bytes(sent);
+    res.set_rounds(rounds);
+    res.set_pause_ms(pause_ms);
+    res.set_total_ms(
+        std::chrono::duration<double, std::milli>(Clock::now() - start)
+            .count());
+    return res;
+  }
+};
+
+ProcletHost::ProcletHost(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcletHost::~ProcletHost() = default;
+
+absl::StatusOr<std::unique_ptr<ProcletHost>> ProcletHost::Start(
+    ProcletHostOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  auto hp = SplitHostPort(impl->options.data_listen);
+  if (!hp.ok()) return hp.status();
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(hp->second);
+  if (inet_pton(AF_INET, hp->first.c_str(), &sa.sin_addr) != 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad data address ", impl->options.data_listen));
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket failed");
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      listen(fd, 128) != 0) {
+    int err = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot listen for data on ",
+                                               impl->options.data_listen, ": ",
+                                               strerror(err)));
+  }
+  socklen_t len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  impl->listener = fd;
+  impl->address = absl::StrCat(hp->first, ":", ntohs(sa.sin_port));
+  Impl* raw = impl.get();
+  impl->acceptor = std::thread([raw] { raw->AcceptLoop(); });
+  return std::unique_ptr<ProcletHost>(new ProcletHost(std::move(impl)));
+}
+
+std::string ProcletHost::data_address() const { return impl_->address; }
+
+void ProcletHost::Attach(int fd, const std::string& ns,
+                         const std::string& function) {
+  Impl* impl = impl_.get();
+  impl->Spawn(fd, [impl, ns, function](int fd) {
+    impl->ServeInstance(fd, ns, function);
+  });
+}
+
+absl::Status ProcletHost::CreateShard(const pv1::ShardInfo& info) {
+  if (impl_->Find(info.id()))
+    return absl::AlreadyExistsError(
+        absl::StrCat("shard ", info.id(), " is already here"));
+  auto arena = proclets::Arena::Create();
+  if (!arena.ok()) return arena.status();
+  auto hs = std::make_shared<HostedShard>();
+  {
+    absl::MutexLock l(&hs->mu);
+    hs->info = info;
+    switch (info.kind()) {
+      case pv1::KIND_MAP: {
+        auto m = MapShard::Create();
+        if (!m.ok()) return m.status();
+        hs->map = *std::move(m);
+        break;
+      }
+      case pv1::KIND_VECTOR: {
+        auto v = VectorShard::Create(info.lo());
+        if (!v.ok()) return v.status();
+        hs->vec = *std::move(v);
+        break;
+      }
+      case pv1::KIND_QUEUE: {
+        auto q = QueueShard::Create();
+        if (!q.ok()) return q.status();
+        hs->queue = *std::move(q);
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError("unknown shard kind");
+    }
+  }
+  absl::MutexLock l(&impl_->mu);
+  impl_->shards[info.id()] = std::move(hs);
+  return absl::OkStatus();
+}
+
+void ProcletHost::DropShards(const std::vector<uint64_t>& ids) {
+  std::vector<std::shared_ptr<HostedShard>> dropped;
+  {
+    absl::MutexLock l(&impl_->mu);
+    for (uint64_t id : ids) {
+      auto it = impl_->shards.find(id);
+      if (it == impl_->shards.end()) continue;
+      dropped.push_back(it->second);
+      impl_->shards.erase(it);
+    }
+  }
+  for (auto& hs : dropped) {
+    absl::MutexLock l(&hs->mu);
+    hs->gone = true;
+    hs->moved_to.clear();
+    hs->map.reset();
+    hs->vec.reset();
+    hs->queue.reset();
+  }
+}
+
+absl::StatusOr<pv1::MigrateShardResponse> ProcletHost::Migrate(
+    uint64_t id, const std::string& target) {
+  auto res = impl_->Migrate(id, target);
+  if (res.ok()) {
+    // Keep the tombstone (it answers MOVED) but forget the shard's bytes.
+    fprintf(stderr,
+            "silt-invoker: shard %llu moved to %s (%llu bytes, %u rounds, "
+            "%.2f ms, writes held %.3f ms)\n",
+            static_cast<unsigned long long>(id), target.c_str(),
+            static_cast<unsigned long long>(res->bytes()), res->rounds(),
+            res->total_ms(), res->pause_ms());
+  }
+  return res;
+}
+
+absl::StatusOr<pv1::SplitShardResponse> ProcletHost::Split(uint64_t id,
+                                                           uint64_t new_id) {
+  std::shared_ptr<HostedShard> hs = impl_->Find(id);
+  if (!hs) return absl::NotFoundError(absl::StrCat("no shard ", id, " here"));
+  if (impl_->Find(new_id))
+    return absl::AlreadyExistsError(absl::StrCat("shard ", new_id, " exists"));
+  auto child = std::make_shared<HostedShard>();
+  pv1::SplitShardResponse res;
+  {
+    absl::MutexLock l(&hs->mu);
+    if (hs->gone || hs->frozen)
+      return absl::FailedPreconditionError("the shard is moving");
+    uint64_t at = 0;
+    absl::MutexLock cl(&child->mu);
+    child->info = hs->info;
+    child->info.set_id(new_id);
+    if (hs->map) {
+      auto mid = hs->map->MedianHash();
+      if (!mid || *mid <= hs->info.lo())
+        return absl::FailedPreconditionError("too few keys to split");
+      at = *mid;
+      auto upper = hs->map->SplitOff(at);
+      if (!upper.ok()) return upper.status();
+      child->map = *std::move(upper);
+    } else if (hs->vec) {
+      if (hs->vec->count() < 2)
+        return absl::FailedPreconditionError("too few elements to split");
+      at = hs->vec->first() + hs->vec->count() / 2;
+      auto upper = hs->vec->SplitOff(at);
+      if (!upper.ok()) return upper.status();
+      child->vec = *std::move(upper);
+    } else {
+      return absl::FailedPreconditionError("queues do not split");
+    }
+    child->info.set_lo(at);
+    child->info.set_hi(hs->info.hi());
+    hs->info.set_hi(at);
+    hs->splits.emplace_back(at, child);
+    *res.mutable_lower() = hs->info;
+    *res.mutable_upper() = child->info;
+    res.mutable_lower()->set_bytes(hs->arena()->used());
+    res.mutable_upper()->set_bytes(child->arena()->used());
+  }
+  absl::MutexLock l(&impl_->mu);
+  impl_->shards[new_id] = std::move(child);
+  return res;
+}
+
+void ProcletHost::ForgetLayout(const std::string& ns, const std::string& name) {
+  absl::MutexLock l(&impl_->layouts_mu);
+  impl_->layouts.erase(Impl::LayoutKey(ns, name));
+}
+
+std::vector<pv1::ShardInfo> ProcletHost::Shards() const {
+  std::vector<std::shared_ptr<HostedShard>> all;
+  {
+    absl::MutexLock l(&impl_->mu);
+    for (auto& [id, hs] : impl_->shards) all.push_back(hs);
+  }
+  std::vector<pv1::ShardInfo> out;
+  for (auto& hs : all) {
+    absl::MutexLock l(&hs->mu);
+    if (hs->gone) continue;
+    pv1::ShardInfo info = hs->info;
+    proclets::Arena* a = hs->arena();
+    info.set_bytes(a ? a->used() : 0);
+    info.set_count(hs->count());
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace silt::invoker

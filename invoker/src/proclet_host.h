@@ -1,0 +1,79 @@
+// The invoker's memory proclets: the shards it holds, the state connections
+// of its instances, and its data port, where peers send shard operations and
+// migrations. Instances reach every shard of their namespace through here:
+// shards on this node without a network hop, others over a pooled connection
+// to the holder's data port. Where each shard lives comes from the gateway's
+// directory (a resolver callback) and is cached; a MOVED reply from a shard's
+// old home carries the new one.
+//
+// Data path: length-prefixed binary frames (silt/state_wire.h payloads) on
+// plain sockets, not gRPC, so that a remote operation costs one round trip
+// and no allocation-heavy protobuf work; gRPC stays the control path.
+#ifndef SILT_INVOKER_PROCLET_HOST_H_
+#define SILT_INVOKER_PROCLET_HOST_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "invoker/proto/proclets.pb.h"
+
+namespace silt::invoker {
+
+namespace pv1 = ::silt::proclets::v1;
+
+struct ProcletHostOptions {
+  std::string data_listen = "127.0.0.1:0";  // the data port
+  // The directory. With create, makes the structure if absent (options
+  // apply then); without, NotFound when absent.
+  std::function<absl::StatusOr<pv1::Layout>(
+      const std::string& ns, const std::string& name, pv1::Kind kind,
+      uint32_t initial_shards, uint64_t max_shard_bytes, bool create,
+      const std::string& function)>
+      resolve;
+  // A shard outgrew its layout's max_shard_bytes (called at most once a
+  // second per shard, off the request path's lock).
+  std::function<void(uint64_t shard_id)> on_oversized;
+};
+
+class ProcletHost {
+ public:
+  static absl::StatusOr<std::unique_ptr<ProcletHost>> Start(
+      ProcletHostOptions options);
+  ~ProcletHost();  // closes every connection and joins its threads
+
+  std::string data_address() const;
+
+  // Serves one instance's state connection (takes the fd) for a function of
+  // namespace `ns`, until the instance closes it.
+  void Attach(int fd, const std::string& ns, const std::string& function);
+
+  // AlreadyExists when held here.
+  absl::Status CreateShard(const pv1::ShardInfo& info);
+  void DropShards(const std::vector<uint64_t>& ids);
+  // Moves a shard to `target_data_address`: pre-copies while writes go on,
+  // then holds writes only to send what changed since. On success the shard
+  // answers MOVED here; on failure it keeps serving here, unchanged.
+  absl::StatusOr<pv1::MigrateShardResponse> Migrate(
+      uint64_t id, const std::string& target_data_address);
+  // Splits a map or vector shard at its middle; the upper half becomes shard
+  // `new_id` on this node. FailedPrecondition when it cannot split.
+  absl::StatusOr<pv1::SplitShardResponse> Split(uint64_t id, uint64_t new_id);
+  // Forget cached layouts of one structure (it was deleted or changed).
+  void ForgetLayout(const std::string& ns, const std::string& name);
+
+  std::vector<pv1::ShardInfo> Shards() const;
+
+ private:
+  struct Impl;
+  explicit ProcletHost(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace silt::invoker
+
+#endif  // SILT_INVOKER_PROCLET_HOST_H_

@@ -1,0 +1,395 @@
+// Function state: sharded maps, vectors and queues whose shards are memory
+// proclets held by the invokers (placed where memory is free, moved live).
+// Reached from a handler through its Context:
+//
+//   auto hits = ctx.Map<std::string, int64_t>("hits");
+//   auto n = hits.Get("home");                  // silt::Result<int64_t>
+//   if (n.ok()) hits.Put("home", *n + 1);
+//   else if (n.code() == silt::StateCode::kNotFound) hits.Put("home", 1);
+//
+// A structure is named within the function's namespace, created on first use
+// and shared by every instance of every function of that namespace that names
+// it. It outlives instances (scale to zero, restores, updates);
+// `silt state delete NAME` or deleting the namespace removes it.
+//
+// Values cross by value through Codec<T>: trivially copyable types and
+// std::string are built in; specialise silt::Codec for your own types. Errors
+// are values (Result::code()); nothing here throws or aborts.
+#ifndef SILT_STATE_H_
+#define SILT_STATE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "silt/abi.h"
+#include "silt/state_wire.h"
+
+namespace silt {
+
+using StateCode = wire::StateCode;
+
+// How a value of type T becomes bytes and back.
+template <typename T, typename Enable = void>
+struct Codec;
+
+template <typename T>
+struct Codec<T, std::enable_if_t<std::is_trivially_copyable_v<T>>> {
+  static void Encode(const T& v, std::string* out) {
+    out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+  }
+  static bool Decode(std::string_view in, T* v) {
+    if (in.size() != sizeof(T)) return false;
+    memcpy(static_cast<void*>(v), in.data(), sizeof(T));
+    return true;
+  }
+};
+
+template <>
+struct Codec<std::string> {
+  static void Encode(const std::string& v, std::string* out) { *out += v; }
+  static bool Decode(std::string_view in, std::string* v) {
+    v->assign(in.data(), in.size());
+    return true;
+  }
+};
+
+// The outcome of a state operation: a code, a message on errors, and the value
+// when ok().
+template <typename T>
+class Result {
+ public:
+  Result(T value) : value_(std::move(value)) {}  // NOLINT: ok results
+  Result(StateCode code, std::string message)
+      : code_(code), message_(std::move(message)) {}
+
+  bool ok() const { return code_ == StateCode::kOk; }
+  StateCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // Only when ok().
+  const T& operator*() const { return *value_; }
+  const T* operator->() const { return &*value_; }
+  T value_or(T other) const { return ok() ? *value_ : std::move(other); }
+
+ private:
+  StateCode code_ = StateCode::kOk;
+  std::string message_;
+  std::optional<T> value_;
+};
+
+// For operations without a value.
+struct Done {};
+using Status = Result<Done>;
+
+struct StateOptions {
+  uint32_t initial_shards = 0;   // 0: the gateway's default (1)
+  uint64_t max_shard_bytes = 0;  // 0: the gateway's default (split size)
+};
+
+namespace internal {
+
+inline void AppendTo(void* out, const char* data, size_t len) {
+  static_cast<std::string*>(out)->append(data, len);
+}
+
+// One structure of one kind: builds requests, runs them, decodes replies.
+class StructureHandle {
+ public:
+  StructureHandle(const silt_state_api* api, std::string name,
+                  wire::StateKind kind, StateOptions options)
+      : api_(api), name_(std::move(name)), kind_(kind), options_(options) {}
+
+  const std::string& name() const { return name_; }
+
+  std::string Begin(wire::StateOp op) const {
+    std::string req;
+    wire::WriteRequestHeader(&req, op, kind_, name_);
+    return req;
+  }
+
+  // Runs `req`; on success *body holds the reply's results.
+  StateCode Run(const std::string& req, std::string* body,
+                std::string* message) {
+    if (!opened_ && (options_.initial_shards || options_.max_shard_bytes)) {
+      std::string open = Begin(wire::StateOp::kOpen);
+      wire::Writer w(&open);
+      w.U32(options_.initial_shards);
+      w.U64(options_.max_shard_bytes);
+      StateCode c = RunOnce(open, body, message);
+      if (c != StateCode::kOk) return c;
+    }
+    opened_ = true;
+    return RunOnce(req, body, message);
+  }
+
+ private:
+  StateCode RunOnce(const std::string& req, std::string* body,
+                    std::string* message) {
+    std::string reply;
+    if (api_ == nullptr ||
+        api_->call(api_->host, req.data(), req.size(), &reply, AppendTo) != 0) {
+      *message = "the state service is unreachable";
+      return StateCode::kUnavailable;
+    }
+    if (reply.empty()) {
+      *message = "empty reply from the state service";
+      return StateCode::kInternal;
+    }
+    auto code = static_cast<StateCode>(static_cast<uint8_t>(reply[0]));
+    if (code != StateCode::kOk) {
+      message->assign(reply, 1);
+      return code;
+    }
+    body->assign(reply, 1);
+    return code;
+  }
+
+  const silt_state_api* api_;
+  std::string name_;
+  wire::StateKind kind_;
+  StateOptions options_;
+  bool opened_ = false;
+};
+
+template <typename T>
+Result<T> Fail(StateCode c, std::string m) {
+  return Result<T>(c, std::move(m));
+}
+
+template <typename T>
+Result<T> DecodeOne(std::string_view bytes) {
+  T v{};
+  if (!Codec<T>::Decode(bytes, &v))
+    return Fail<T>(StateCode::kInvalid,
+                   "stored value does not decode as this type");
+  return Result<T>(std::move(v));
+}
+
+inline Result<uint64_t> DecodeU64(const std::string& body) {
+  wire::Reader r(body);
+  uint64_t v;
+  if (!r.U64(&v)) return Fail<uint64_t>(StateCode::kInternal, "bad reply");
+  return Result<uint64_t>(v);
+}
+
+inline Result<bool> DecodeBool(const std::string& body) {
+  wire::Reader r(body);
+  uint8_t v;
+  if (!r.U8(&v)) return Fail<bool>(StateCode::kInternal, "bad reply");
+  return Result<bool>(v != 0);
+}
+
+template <typename T>
+std::string Encoded(const T& v) {
+  std::string s;
+  Codec<T>::Encode(v, &s);
+  return s;
+}
+
+}  // namespace internal
+
+// A sharded hash map K -> V.
+template <typename K, typename V>
+class Map {
+ public:
+  Map(const silt_state_api* api, std::string name, StateOptions o = {})
+      : h_(api, std::move(name), wire::StateKind::kMap, o) {}
+
+  Result<V> Get(const K& key) {
+    std::string req = h_.Begin(wire::StateOp::kMapGet), body, msg;
+    wire::Writer(&req).Str(internal::Encoded(key));
+    StateCode c = h_.Run(req, &body, &msg);
+    if (c != StateCode::kOk) return internal::Fail<V>(c, msg);
+    wire::Reader r(body);
+    std::string_view v;
+    if (!r.Str(&v)) return internal::Fail<V>(StateCode::kInternal, "bad reply");
+    return internal::DecodeOne<V>(v);
+  }
+  Status Put(const K& key, const V& value) {
+    std::string req = h_.Begin(wire::StateOp::kMapPut), body, msg;
+    wire::Writer w(&req);
+    w.Str(internal::Encoded(key));
+    w.Str(internal::Encoded(value));
+    StateCode c = h_.Run(req, &body, &msg);
+    return c == StateCode::kOk ? Status(Done{}) : Status(c, msg);
+  }
+  // True when the key was there.
+  Result<bool> Erase(const K& key) {
+    return KeyOp(wire::StateOp::kMapErase, key);
+  }
+  Result<bool> Contains(const K& key) {
+    return KeyOp(wire::StateOp::kMapContains, key);
+  }
+  Result<uint64_t> Size() {
+    std::string req = h_.Begin(wire::StateOp::kMapSize), body, msg;
+    StateCode c = h_.Run(req, &body, &msg);
+    if (c != StateCode::kOk) return internal::Fail<uint64_t>(c, msg);
+    return internal::DecodeU64(body);
+  }
+  // One value per key (nullopt where absent), in one round trip per shard.
+  Result<std::vector<std::optional<V>>> MultiGet(const std::vector<K>& keys) {
+    using Out = std::vector<std::optional<V>>;
+    std::string req = h_.Begin(wire::StateOp::kMapMultiGet), body, msg;
+    wire::Writer w(&req);
+    w.U32(static_cast<uint32_t>(keys.size()));
+    for (const K& k : keys) w.Str(internal::Encoded(k));
+    StateCode c = h_.Run(req, &body, &msg);
+    if (c != StateCode::kOk) return internal::Fail<Out>(c, msg);
+    wire::Reader r(body);
+    uint32_t n;
+    if (!r.U32(&n) || n != keys.size())
+      return internal::Fail<Out>(StateCode::kInternal, "bad reply");
+    Out out(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      uint8_t found;
+      std::string_view v;
+      if (!r.U8(&found) || !r.Str(&v))
+        return internal::Fail<Out>(StateCode::kInternal, "bad reply");
+      if (!found) continue;
+      V value{};
+      if (!Codec<V>::Decode(v, &value))
+        return internal::Fail<Out>(StateCode::kInvalid,
+                                   "stored value does not decode as this type");
+      out[i] = std::move(value);
+    }
+    return Result<Out>(std::move(out));
+  }
+  Status MultiPut(const std::vector<std::pair<K, V>>& entries) {
+    std::string req = h_.Begin(wire::StateOp::kMapMultiPut), body, msg;
+    wire::Writer w(&req);
+    w.U32(static_cast<uint32_t>(entries.size()));
+    for (const auto& [k, v] : entries) {
+      w.Str(internal::Encoded(k));
+      w.Str(internal::Encoded(v));
+    }
+    StateCode c = h_.Run(req, &body, &msg);
+    return c == StateCode::kOk ? Status(Done{}) : Status(c, msg);
+  }
+
+ private:
+  Result<bool> KeyOp(wire::StateOp op, const K& key) {
+    std::string req = h_.Begin(op), body, msg;
+    wire::Writer(&req).Str(internal::Encoded(key));
+    StateCode c = h_.Run(req, &body, &msg);
+    if (c != StateCode::kOk) return internal::Fail<bool>(c, msg);
+    return internal::DecodeBool(body);
+  }
+  internal::StructureHandle h_;
+};
+
+// A sharded vector of T, indexed from 0.
+template <typename T>
+class Vector {
+ public:
+  Vector(const silt_state_api* api, std::string name, StateOptions o = {})
+      : h_(api, std::move(name), wire::StateKind::kVector, o) {}
+
+  // The new element's index.
+  Result<uint64_t> PushBack(const T& value) {
+    std::string req = h_.Begin(wire::StateOp::kVecPush), body, msg;
+    wire::Writer(&req).Str(internal::Encoded(value));
+    StateCode c = h_.Run(req, &body, &msg);
+    if (c != StateCode::kOk) return internal::Fail<uint64_t>(c, msg);
+    return internal::DecodeU64(body);
+  }
+  // kNotFound past the end.
+  Result<T> Get(uint64_t index) {
+    std::string req = h_.Begin(wire::StateOp::kVecGet), body, msg;
+    wire::Writer(&req).U64(index);
+    StateCode c = h_.Run(req, &body, &msg);
+    if (c != StateCode::kOk) return internal::Fail<T>(c, msg);
+    wire::Reader r(body);
+    std::string_view v;
+    if (!r.Str(&v)) return internal::Fail<T>(StateCode::kInternal, "bad reply");
+    return internal::DecodeOne<T>(v);
+  }
+  Status Set(uint64_t index, const T& value) {
+    std::string req = h_.Begin(wire::StateOp::kVecSet), body, msg;
+    wire::Writer w(&req);
+    w.U64(index);
+    w.Str(internal::Encoded(value));
+    StateCode c = h_.Run(req, &body, &msg);
+    return c == StateCode::kOk ? Status(Done{}) : Status(c, msg);
+  }
+  Result<uint64_t> Size() {
+    std::string req = h_.Begin(wire::StateOp::kVecSize), body, msg;
+    StateCode c = h_.Run(req, &body, &msg);
+    if (c != StateCode::kOk) return internal::Fail<uint64_t>(c, msg);
+    return internal::DecodeU64(body);
+  }
+  // Up to n elements from `first` (fewer at the end).
+  Result<std::vector<T>> Range(uint64_t first, uint64_t n) {
+    using Out = std::vector<T>;
+    std::string req = h_.Begin(wire::StateOp::kVecRange), body, msg;
+    wire::Writer w(&req);
+    w.U64(first);
+    w.U64(n);
+    StateCode c = h_.Run(req, &body, &msg);
+    if (c != StateCode::kOk) return internal::Fail<Out>(c, msg);
+    wire::Reader r(body);
+    uint32_t count;
+    if (!r.U32(&count))
+      return internal::Fail<Out>(StateCode::kInternal, "bad reply");
+    Out out;
+    out.reserve(count);
+    for (uint32_t i = 0; i < count; ++i) {
+      std::string_view v;
+      T value{};
+      if (!r.Str(&v))
+        return internal::Fail<Out>(StateCode::kInternal, "bad reply");
+      if (!Codec<T>::Decode(v, &value))
+        return internal::Fail<Out>(StateCode::kInvalid,
+                                   "stored value does not decode as this type");
+      out.push_back(std::move(value));
+    }
+    return Result<Out>(std::move(out));
+  }
+
+ private:
+  internal::StructureHandle h_;
+};
+
+// A sharded FIFO queue of T: many producers, many consumers.
+template <typename T>
+class Queue {
+ public:
+  Queue(const silt_state_api* api, std::string name, StateOptions o = {})
+      : h_(api, std::move(name), wire::StateKind::kQueue, o) {}
+
+  Status Push(const T& value) {
+    std::string req = h_.Begin(wire::StateOp::kQueuePush), body, msg;
+    wire::Writer(&req).Str(internal::Encoded(value));
+    StateCode c = h_.Run(req, &body, &msg);
+    return c == StateCode::kOk ? Status(Done{}) : Status(c, msg);
+  }
+  // The oldest value; waits up to `timeout` for one (kTimeout after that).
+  Result<T> Pop(
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    std::string req = h_.Begin(wire::StateOp::kQueuePop), body, msg;
+    wire::Writer(&req).U32(static_cast<uint32_t>(timeout.count()));
+    StateCode c = h_.Run(req, &body, &msg);
+    if (c != StateCode::kOk) return internal::Fail<T>(c, msg);
+    wire::Reader r(body);
+    std::string_view v;
+    if (!r.Str(&v)) return internal::Fail<T>(StateCode::kInternal, "bad reply");
+    return internal::DecodeOne<T>(v);
+  }
+  Result<uint64_t> Size() {
+    std::string req = h_.Begin(wire::StateOp::kQueueSize), body, msg;
+    StateCode c = h_.Run(req, &body, &msg);
+    if (c != StateCode::kOk) return internal::Fail<uint64_t>(c, msg);
+    return internal::DecodeU64(body);
+  }
+
+ private:
+  internal::StructureHandle h_;
+};
+
+}  // namespace silt
+
+#endif  // SILT_STATE_H_

@@ -1,0 +1,175 @@
+// The wire format of state operations (sharded maps, vectors, queues), shared
+// by the function SDK (silt/function.h), silt-worker and the invoker's proclet
+// host. Header-only and dependency-free: bundles compile it.
+//
+// A request, as a function's SDK builds it (the worker adds a u32 length
+// prefix on the way to its invoker):
+//   u8 op, u8 kind, u16 name length, name bytes, then the op's arguments.
+// A reply: u8 code (StateCode), then the op's results, or on an error the
+// message (the rest of the reply). Integers are little-endian; a "str" is a
+// u32 length and its bytes.
+#ifndef SILT_STATE_WIRE_H_
+#define SILT_STATE_WIRE_H_
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace silt::wire {
+
+enum class StateOp : uint8_t {
+  kOpen = 1,          // u32 initial_shards, u64 max_shard_bytes (0 = defaults)
+  kMapGet = 10,       // str key -> str value | kNotFound
+  kMapPut = 11,       // str key, str value
+  kMapErase = 12,     // str key -> u8 existed
+  kMapContains = 13,  // str key -> u8
+  kMapSize = 14,      // -> u64
+  kMapMultiGet = 15,  // u32 n, n x str -> u32 n, n x (u8 found, str)
+  kMapMultiPut = 16,  // u32 n, n x (str, str)
+  kVecPush = 20,      // str -> u64 index
+  kVecGet = 21,       // u64 index -> str
+  kVecSet = 22,       // u64 index, str
+  kVecSize = 23,      // -> u64
+  kVecRange = 24,     // u64 first, u64 n -> u32 n, n x str
+  kQueuePush = 30,    // str
+  kQueuePop = 31,     // u32 timeout_ms -> str | kTimeout
+  kQueueSize = 32,    // -> u64
+};
+
+enum class StateKind : uint8_t { kMap = 1, kVector = 2, kQueue = 3 };
+
+enum class StateCode : uint8_t {
+  kOk = 0,
+  kNotFound = 1,     // no such key / index out of range
+  kInvalid = 2,      // bad name, bad request
+  kWrongKind = 3,    // the structure exists with another kind
+  kTooLarge = 4,     // key or value over the limit
+  kUnavailable = 5,  // the state service or a node cannot be reached
+  kTimeout = 6,      // queue pop timed out
+  kLost = 7,         // the node holding the shard died without draining it
+  kInternal = 8,
+  kMoved = 9,   // peers only: the shard moved (str address, u64 epoch)
+  kRetry = 10,  // peers only: the shard is frozen for a moment
+};
+
+inline const char* StateCodeName(StateCode c) {
+  switch (c) {
+    case StateCode::kOk:
+      return "ok";
+    case StateCode::kNotFound:
+      return "not found";
+    case StateCode::kInvalid:
+      return "invalid";
+    case StateCode::kWrongKind:
+      return "wrong kind";
+    case StateCode::kTooLarge:
+      return "too large";
+    case StateCode::kUnavailable:
+      return "unavailable";
+    case StateCode::kTimeout:
+      return "timeout";
+    case StateCode::kLost:
+      return "lost";
+    case StateCode::kInternal:
+      return "internal";
+    case StateCode::kMoved:
+      return "moved";
+    case StateCode::kRetry:
+      return "retry";
+  }
+  return "unknown";
+}
+
+// Largest request or reply frame.
+inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
+
+// Appends little-endian values and strings to a buffer.
+class Writer {
+ public:
+  explicit Writer(std::string* out) : out_(out) {}
+  void U8(uint8_t v) { out_->push_back(static_cast<char>(v)); }
+  void U16(uint16_t v) { Raw(&v, 2); }
+  void U32(uint32_t v) { Raw(&v, 4); }
+  void U64(uint64_t v) { Raw(&v, 8); }
+  void Str(std::string_view s) {
+    U32(static_cast<uint32_t>(s.size()));
+    out_->append(s.data(), s.size());
+  }
+  void Bytes(std::string_view s) { out_->append(s.data(), s.size()); }
+
+ private:
+  void Raw(const void* p, size_t n) {  // x86-64 and aarch64 are little-endian
+    out_->append(static_cast<const char*>(p), n);
+  }
+  std::string* out_;
+};
+
+// Reads what Writer wrote; every read fails (returns false) past the end.
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  bool U8(uint8_t* v) { return Raw(v, 1); }
+  bool U16(uint16_t* v) { return Raw(v, 2); }
+  bool U32(uint32_t* v) { return Raw(v, 4); }
+  bool U64(uint64_t* v) { return Raw(v, 8); }
+  bool Str(std::string_view* s) {
+    uint32_t n;
+    if (!U32(&n) || n > in_.size()) return false;
+    *s = in_.substr(0, n);
+    in_.remove_prefix(n);
+    return true;
+  }
+  std::string_view rest() const { return in_; }
+  bool done() const { return in_.empty(); }
+
+ private:
+  bool Raw(void* p, size_t n) {
+    if (in_.size() < n) return false;
+    memcpy(p, in_.data(), n);
+    in_.remove_prefix(n);
+    return true;
+  }
+  std::string_view in_;
+};
+
+// The request header.
+inline void WriteRequestHeader(std::string* out, StateOp op, StateKind kind,
+                               std::string_view name) {
+  Writer w(out);
+  w.U8(static_cast<uint8_t>(op));
+  w.U8(static_cast<uint8_t>(kind));
+  w.U16(static_cast<uint16_t>(name.size()));
+  w.Bytes(name);
+}
+
+inline bool ReadRequestHeader(Reader* r, StateOp* op, StateKind* kind,
+                              std::string_view* name) {
+  uint8_t o, k;
+  uint16_t n;
+  if (!r->U8(&o) || !r->U8(&k) || !r->U16(&n)) return false;
+  std::string_view rest = r->rest();
+  if (rest.size() < n) return false;
+  *name = rest.substr(0, n);
+  *r = Reader(rest.substr(n));
+  *op = static_cast<StateOp>(o);
+  *kind = static_cast<StateKind>(k);
+  return true;
+}
+
+// Structure names: 1-63 characters of [a-z0-9._-], starting with a letter or
+// digit (they appear in URLs and metrics).
+inline bool ValidStructureName(std::string_view name) {
+  if (name.empty() || name.size() > 63) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    char c = name[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              (i > 0 && (c == '-' || c == '_' || c == '.'));
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace silt::wire
+
+#endif  // SILT_STATE_WIRE_H_
