@@ -36,8 +36,8 @@
 #include "frames.h"
 #include "invoker/proto/invoker.pb.h"
 #include "proclets/function_library.h"
-#include "silt/state_wire.h"
 #include "sandbox.h"
+#include "silt/state_wire.h"
 
 extern char** environ;
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -305,6 +306,115 @@ void SnapshotDelete(const Client& c, const std::string& ns,
   std::cout << "Deleted " << out.value("deleted", 0) << " snapshot(s) of "
             << name << "; its next cold start boots and snapshots again."
             << std::endl;
+}
+
+// ---- nodes, proclets, state ----
+
+json GetJson(const Client& c, const std::string& path,
+             const std::string& what) {
+  HttpResult r = c.Call("GET", path);
+  if (r.status == 404) Fail(Trimmed(r.body));
+  if (r.status != 200)
+    Fail(absl::StrCat("server returned unexpected status code: ", r.status,
+                      " - ", Trimmed(r.body)));
+  json j = json::parse(r.body, nullptr, false);
+  if (j.is_discarded()) Fail("cannot parse the " + what + " from the gateway");
+  return j;
+}
+
+std::string Mib(uint64_t bytes) {
+  return absl::StrFormat("%.1fMiB", static_cast<double>(bytes) / (1 << 20));
+}
+
+void NodesList(const Client& c, const std::string& output) {
+  json nodes = GetJson(c, "/system/nodes", "node list");
+  if (output == "json") {
+    std::cout << nodes.dump(2) << std::endl;
+    return;
+  }
+  std::cout << absl::StrFormat("%-16s\t%-5s\t%-12s\t%-12s\t%-12s\t%-9s\t%s\n",
+                               "Node", "CPUs", "Memory", "Used", "Free",
+                               "Instances", "Proclets");
+  for (const auto& n : nodes) {
+    std::cout << absl::StrFormat(
+        "%-16s\t%-5d\t%-12s\t%-12s\t%-12s\t%-9d\t%d (%s)\n",
+        n.value("name", ""), n.value("cores", 0),
+        Mib(n.value("memoryBytes", uint64_t{0})),
+        Mib(n.value("memoryUsedBytes", uint64_t{0})),
+        Mib(n.value("memoryFreeBytes", uint64_t{0})), n.value("instances", 0),
+        n.value("proclets", 0), Mib(n.value("procletBytes", uint64_t{0})));
+  }
+}
+
+void ProcletsList(const Client& c, const std::string& ns,
+                  const std::string& function, const std::string& output) {
+  std::string q = NsQuery(ns);
+  if (!function.empty())
+    q += (q.empty() ? "?" : "&") + std::string("function=") +
+         UrlEncode(function);
+  json ps = GetJson(c, "/system/proclets" + q, "proclet list");
+  if (output == "json") {
+    std::cout << ps.dump(2) << std::endl;
+    return;
+  }
+  std::cout << absl::StrFormat(
+      "%-8s\t%-6s\t%-24s\t%-16s\t%-10s\t%-9s\t%-5s\t%s\n", "ID", "Kind",
+      "Structure", "Node", "Bytes", "Elements", "Epoch", "State");
+  for (const auto& p : ps) {
+    std::cout << absl::StrFormat(
+        "%-8d\t%-6s\t%-24s\t%-16s\t%-10s\t%-9d\t%-5d\t%s\n",
+        p.value("id", uint64_t{0}), p.value("kind", ""),
+        absl::StrCat(p.value("structure", ""), ".", p.value("namespace", "")),
+        p.value("node", ""), Mib(p.value("bytes", uint64_t{0})),
+        p.value("count", uint64_t{0}), p.value("epoch", uint64_t{0}),
+        p.value("state", ""));
+  }
+}
+
+void PrintMigration(const json& m) {
+  std::cout << absl::StrFormat(
+                   "proclet %d: %s -> %s, %s in %.2f ms (%d rounds), writes "
+                   "held %.3f ms",
+                   m.value("id", uint64_t{0}), m.value("from", ""),
+                   m.value("to", ""), Mib(m.value("bytes", uint64_t{0})),
+                   m.value("totalMs", 0.0), m.value("rounds", 0),
+                   m.value("pauseMs", 0.0))
+            << std::endl;
+}
+
+void PostAndPrint(const Client& c, const std::string& path,
+                  const std::string& body,
+                  const std::function<void(const json&)>& print) {
+  HttpResult r = c.Call("POST", path, body);
+  if (r.status != 200)
+    Fail(absl::StrCat("error (", r.status, "): ", Trimmed(r.body)));
+  json j = json::parse(r.body, nullptr, false);
+  if (j.is_discarded()) Fail("cannot parse the gateway's answer");
+  print(j);
+}
+
+void StateList(const Client& c, const std::string& ns,
+               const std::string& output) {
+  json st = GetJson(c, "/system/state" + NsQuery(ns), "state list");
+  if (output == "json") {
+    std::cout << st.dump(2) << std::endl;
+    return;
+  }
+  std::cout << absl::StrFormat("%-24s\t%-6s\t%-6s\t%-10s\t%-9s\t%s\n", "State",
+                               "Kind", "Shards", "Bytes", "Elements",
+                               "Functions");
+  for (const auto& s : st) {
+    auto fns = s.value("functions", std::vector<std::string>{});
+    uint32_t lost = s.value("lostShards", 0u);
+    std::cout << absl::StrFormat(
+        "%-24s\t%-6s\t%-6s\t%-10s\t%-9d\t%s\n",
+        absl::StrCat(s.value("name", ""), ".", s.value("namespace", "")),
+        s.value("kind", ""),
+        absl::StrCat(s.value("shards", 0),
+                     lost ? absl::StrCat(" (", lost, " lost)") : ""),
+        Mib(s.value("bytes", uint64_t{0})), s.value("count", uint64_t{0}),
+        fns.empty() ? "-" : absl::StrJoin(fns, ","));
+  }
 }
 
 bool RemoveOne(const Client& c, const std::string& name,
@@ -874,6 +984,54 @@ int RunCli(int argc, char** argv) {
   ns_opt(snap_delete);
   snap_delete->add_option("NAME", name, "Function name")->required();
 
+  // nodes, proclets, state
+  auto* nodes_cmd = app.add_subcommand(
+      "nodes", "List the invokers: capacity, use and free per resource");
+  gw_opt(nodes_cmd);
+  nodes_cmd->add_option("-o,--output", output, "table or json");
+  auto* node_cmd = app.add_subcommand("node", "Operate on one node");
+  node_cmd->require_subcommand(1);
+  auto* node_drain = node_cmd->add_subcommand(
+      "drain", "Move every memory proclet off a node (live)");
+  gw_opt(node_drain);
+  node_drain->add_option("NAME", name, "Node name")->required();
+  auto* proclets_cmd =
+      app.add_subcommand("proclets", "List and move memory proclets");
+  proclets_cmd->require_subcommand(1);
+  auto* pl_list = proclets_cmd->add_subcommand("list", "List proclets");
+  pl_list->alias("ls");
+  gw_opt(pl_list);
+  ns_opt(pl_list);
+  std::string function_filter, target_node;
+  pl_list->add_option("--function", function_filter,
+                      "Only the state this function uses");
+  pl_list->add_option("-o,--output", output, "table or json");
+  auto* pl_migrate = proclets_cmd->add_subcommand(
+      "migrate", "Move a proclet to another node while it keeps serving");
+  gw_opt(pl_migrate);
+  pl_migrate->add_option("ID", name, "Proclet id (silt proclets list)")
+      ->required();
+  pl_migrate->add_option("--to", target_node, "Target node")->required();
+  auto* state_cmd = app.add_subcommand(
+      "state", "Inspect and delete function state (maps, vectors, queues)");
+  state_cmd->require_subcommand(1);
+  auto* st_list = state_cmd->add_subcommand("list", "List state structures");
+  st_list->alias("ls");
+  gw_opt(st_list);
+  ns_opt(st_list);
+  st_list->add_option("-o,--output", output, "table or json");
+  auto* st_inspect = state_cmd->add_subcommand(
+      "inspect", "Show one structure and its shards (JSON)");
+  gw_opt(st_inspect);
+  ns_opt(st_inspect);
+  st_inspect->add_option("NAME", name, "Structure name")->required();
+  auto* st_delete = state_cmd->add_subcommand(
+      "delete", "Delete a structure and all its data");
+  st_delete->alias("rm");
+  gw_opt(st_delete);
+  ns_opt(st_delete);
+  st_delete->add_option("NAME", name, "Structure name")->required();
+
   // secrets
   auto* secret = app.add_subcommand("secret", "Manage secrets");
   secret->require_subcommand(1);
@@ -1015,6 +1173,40 @@ int RunCli(int argc, char** argv) {
       List(Client{ResolveGateway(gateway), token}, ns, verbose, output);
     } else if (*describe) {
       Describe(Client{ResolveGateway(gateway), token}, name, ns);
+    } else if (*nodes_cmd) {
+      NodesList(Client{ResolveGateway(gateway), token}, output);
+    } else if (*node_cmd) {
+      Client c{ResolveGateway(gateway), token};
+      PostAndPrint(c, "/system/nodes/" + UrlEncode(name) + "/drain", "{}",
+                   [&](const json& j) {
+                     for (const auto& m : j.value("moved", json::array()))
+                       PrintMigration(m);
+                     std::cout << "Drained " << name << ": "
+                               << j.value("moved", json::array()).size()
+                               << " proclet(s) moved." << std::endl;
+                   });
+    } else if (*proclets_cmd) {
+      Client c{ResolveGateway(gateway), token};
+      if (*pl_list) ProcletsList(c, ns, function_filter, output);
+      if (*pl_migrate)
+        PostAndPrint(c, "/system/proclets/" + UrlEncode(name) + "/migrate",
+                     json{{"node", target_node}}.dump(), PrintMigration);
+    } else if (*state_cmd) {
+      Client c{ResolveGateway(gateway), token};
+      if (*st_list) StateList(c, ns, output);
+      if (*st_inspect)
+        std::cout << GetJson(c,
+                             "/system/state/" + UrlEncode(name) + NsQuery(ns),
+                             "state")
+                         .dump(2)
+                  << std::endl;
+      if (*st_delete) {
+        HttpResult r =
+            c.Call("DELETE", "/system/state/" + UrlEncode(name) + NsQuery(ns));
+        if (r.status != 202)
+          Fail(absl::StrCat("error (", r.status, "): ", Trimmed(r.body)));
+        std::cout << "Deleted state " << name << "." << std::endl;
+      }
     } else if (*snapshot_cmd) {
       Client c{ResolveGateway(gateway), token};
       if (*snap_list) SnapshotList(c, ns, "", false);

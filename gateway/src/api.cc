@@ -315,8 +315,7 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
   if (head == "proclets" && has_arg && absl::EndsWith(arg, "/migrate")) {
     route = "/system/proclets/{id}/migrate";
     SILT_AUTH();
-    if (m == "POST")
-      return MigrateProclet(req, arg.substr(0, arg.size() - 8));
+    if (m == "POST") return MigrateProclet(req, arg.substr(0, arg.size() - 8));
     return MethodNotAllowed();
   }
   if (head == "state") {

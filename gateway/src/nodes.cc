@@ -365,9 +365,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "unknown structure kind");
     auto v = directory->OpenStructure(
-        req->namespace_(), req->name(),
-        static_cast<StructureKind>(req->kind()), req->initial_shards(),
-        req->max_shard_bytes(), req->function());
+        req->namespace_(), req->name(), static_cast<StructureKind>(req->kind()),
+        req->initial_shards(), req->max_shard_bytes(), req->function());
     if (!v.ok())
       return grpc::Status(static_cast<grpc::StatusCode>(v.status().code()),
                           std::string(v.status().message()));

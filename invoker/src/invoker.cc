@@ -36,12 +36,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "channel.h"
-#include "invoker/proto/proclets.grpc.pb.h"
-#include "proclet_host.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gpu/devices.h"
 #include "invoker/proto/invoker.grpc.pb.h"
+#include "invoker/proto/proclets.grpc.pb.h"
+#include "proclet_host.h"
 #include "proclets/bundle.h"
 #include "sandbox.h"
 #include "snapshot/criu.h"
@@ -2221,11 +2221,10 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     ProcletHostOptions po;
     po.data_listen = options.listen.substr(0, options.listen.rfind(':')) + ":0";
     Impl* p = impl.get();
-    po.resolve = [p](const std::string& ns, const std::string& name,
-                     pv1::Kind kind, uint32_t initial_shards,
-                     uint64_t max_shard_bytes, bool create,
-                     const std::string& function)
-        -> absl::StatusOr<pv1::Layout> {
+    po.resolve =
+        [p](const std::string& ns, const std::string& name, pv1::Kind kind,
+            uint32_t initial_shards, uint64_t max_shard_bytes, bool create,
+            const std::string& function) -> absl::StatusOr<pv1::Layout> {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(10));

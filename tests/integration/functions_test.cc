@@ -319,12 +319,36 @@ TEST_F(FunctionsTest, StateStructuresPlacedMovedAndLost) {
   for (const auto& p : procs)
     if (p["id"] == kv_id) EXPECT_EQ(p["node"], "node-a") << p.dump();
   // Bad migrations: unknown node, not a number.
-  EXPECT_EQ(gw_->Call("POST", "/system/proclets/" + std::to_string(kv_id) +
-                                  "/migrate",
+  EXPECT_EQ(gw_->Call("POST",
+                      "/system/proclets/" + std::to_string(kv_id) + "/migrate",
                       R"({"node": "nowhere"})")
                 .status,
             404);
   EXPECT_EQ(gw_->Call("POST", "/system/proclets/x/migrate", "{}").status, 400);
+
+  // The same through the CLI.
+  auto cli = Silt({"state", "list"});
+  EXPECT_EQ(cli.exit_code, 0) << cli.err;
+  EXPECT_TRUE(absl::StrContains(cli.out, "kv.openfaas-fn")) << cli.out;
+  cli = Silt({"proclets", "list", "--function", "probe", "-o", "json"});
+  EXPECT_EQ(cli.exit_code, 0) << cli.err;
+  EXPECT_EQ(json::parse(cli.out).size(), 3u) << cli.out;
+  cli = Silt({"nodes"});
+  EXPECT_TRUE(absl::StrContains(cli.out, "node-b")) << cli.out;
+  cli = Silt({"proclets", "migrate", std::to_string(kv_id), "--to", "node-b"});
+  EXPECT_EQ(cli.exit_code, 0) << cli.err;
+  EXPECT_TRUE(absl::StrContains(cli.out, "node-a -> node-b")) << cli.out;
+  cli = Silt({"node", "drain", "node-b"});
+  EXPECT_EQ(cli.exit_code, 0) << cli.err;
+  EXPECT_TRUE(absl::StrContains(cli.out, "3 proclet(s) moved")) << cli.out;
+  EXPECT_EQ(ok("/kv/get?k=key3"), "val3");
+  EXPECT_EQ(ok("/vec/get?name=v&i=0"), "7");
+  cli = Silt({"node", "drain", "node-b"});  // then back, for what follows
+  EXPECT_EQ(cli.exit_code, 0) << cli.err;
+  cli = Silt({"node", "drain", "node-a"});
+  EXPECT_EQ(cli.exit_code, 0) << cli.err;
+  cli = Silt({"proclets", "migrate", std::to_string(kv_id), "--to", "node-a"});
+  EXPECT_EQ(cli.exit_code, 0) << cli.err;
 
   // Deleting the structure forgets it: the next use starts empty.
   EXPECT_EQ(gw_->Call("DELETE", "/system/state/v").status, 202);
