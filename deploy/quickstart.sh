@@ -43,7 +43,7 @@ silt login --password-stdin <"$DATA_DIR/gateway/secrets/basic-auth-password"
 step "deploying the examples (silt up: build, push, deploy)"
 work="$DATA_DIR/examples"
 rm -rf "$work" && cp -r "$ROOT/examples" "$work"
-for ex in hello lookup python python-http; do
+for ex in hello lookup python python-http state; do
   silt up -f "$work/$ex/stack.yml"
 done
 
@@ -60,6 +60,8 @@ call hello "quickstart"
 call primes "1000003"
 call wordcount "the quick brown fox"
 call greeter "quickstart"
+curl -s -X PUT --data-binary "a lamp" "$OPENFAAS_URL/function/catalog?sku=42" >/dev/null
+call catalog ""
 
 cat <<MSG
 

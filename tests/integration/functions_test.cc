@@ -521,7 +521,7 @@ TEST_F(FunctionsTest, ExamplesDeployAndAnswer) {
   std::string work = dir_ + "/examples";
   std::filesystem::copy(examples, work,
                         std::filesystem::copy_options::recursive);
-  for (const char* ex : {"hello", "lookup", "python", "python-http"}) {
+  for (const char* ex : {"hello", "lookup", "python", "python-http", "state"}) {
     auto r = Silt({"up", "-f", work + "/" + ex + "/stack.yml"});
     ASSERT_EQ(r.exit_code, 0) << ex << ": " << r.out << r.err;
   }
@@ -543,6 +543,14 @@ TEST_F(FunctionsTest, ExamplesDeployAndAnswer) {
   EXPECT_TRUE(absl::StrContains(r.body, "at /path")) << r.body;
   auto second = Invoke("GET", "/function/greeter");
   EXPECT_TRUE(absl::StartsWith(second.body, "Hi stranger")) << second.body;
+  // examples/state: a shared map and a job queue.
+  EXPECT_EQ(Invoke("PUT", "/function/catalog?sku=42", "a lamp").body,
+            "stored 42\n");
+  EXPECT_EQ(Invoke("GET", "/function/catalog?sku=42").body, "a lamp");
+  EXPECT_EQ(Invoke("GET", "/function/catalog?sku=7").status, 404);
+  EXPECT_EQ(Invoke("POST", "/function/jobs?op=submit", "job one").status, 202);
+  EXPECT_EQ(Invoke("POST", "/function/jobs?op=work").body, "JOB ONE\n");
+  EXPECT_EQ(Invoke("POST", "/function/jobs?op=work").status, 204);
 }
 
 TEST(SiltLocal, StartsGatewayAndInvokerAndStopsCleanly) {
