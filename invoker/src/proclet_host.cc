@@ -147,7 +147,6 @@ struct HostedShard {
   // Halves split off this shard: requests whose hint is >= at go there.
   std::vector<std::pair<uint64_t, std::shared_ptr<HostedShard>>> splits
       ABSL_GUARDED_BY(mu);
-  Clock::time_point oversize_reported ABSL_GUARDED_BY(mu);
 
   proclets::Arena* arena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (map) return &map->arena();
@@ -441,7 +440,6 @@ struct ProcletHost::Impl {
     HostedShard* s = Resolve(hs, hint, &keep, &moved, &moved_epoch);
     if (s == nullptr) return MovedReply(moved, moved_epoch);
     std::string reply = Execute(*s, static_cast<StateOp>(op), r);
-    MaybeOversized(*s);
     s->mu.Unlock();
     return reply;
   }
@@ -452,16 +450,6 @@ struct ProcletHost::Impl {
     w.Str(to);
     w.U64(epoch);
     return Reply(StateCode::kMoved, p);
-  }
-
-  void MaybeOversized(HostedShard& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-    if (!options.on_oversized || s.info.max_bytes() == 0) return;
-    proclets::Arena* a = s.arena();
-    if (a == nullptr || a->used() <= s.info.max_bytes()) return;
-    auto now = Clock::now();
-    if (now - s.oversize_reported < std::chrono::seconds(1)) return;
-    s.oversize_reported = now;
-    options.on_oversized(s.info.id());
   }
 
   // Runs op on a locked shard.

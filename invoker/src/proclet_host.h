@@ -35,9 +35,6 @@ struct ProcletHostOptions {
       uint32_t initial_shards, uint64_t max_shard_bytes, bool create,
       const std::string& function)>
       resolve;
-  // A shard outgrew its layout's max_shard_bytes (called at most once a
-  // second per shard, off the request path's lock).
-  std::function<void(uint64_t shard_id)> on_oversized;
 };
 
 class ProcletHost {

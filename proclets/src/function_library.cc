@@ -19,9 +19,9 @@ int NoStateCall(void*, const char*, size_t, void*,
 constexpr silt_state_api kNoState = {nullptr, NoStateCall};
 
 silt_context MakeContext(const CallContext& c) {
-  return {Str(c.function_name), Str(c.function_namespace), Str(c.call_id),
-          Str(c.instance_id),   Str(c.secrets_dir),
-          c.state != nullptr ? c.state : &kNoState};
+  return {Str(c.function_name), Str(c.function_namespace),
+          Str(c.call_id),       Str(c.instance_id),
+          Str(c.secrets_dir),   c.state != nullptr ? c.state : &kNoState};
 }
 
 }  // namespace

@@ -57,7 +57,7 @@ typedef struct silt_context {
   silt_str call_id; /* empty in silt_init and silt_after_restore */
   silt_str
       instance_id; /* unique per instance, fresh after every restore or fork */
-  silt_str secrets_dir; /* directory holding one file per secret */
+  silt_str secrets_dir;        /* directory holding one file per secret */
   const silt_state_api* state; /* never NULL */
 } silt_context;
 
