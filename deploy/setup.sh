@@ -24,7 +24,7 @@ PACKAGES=(
   librocksdb-dev libseccomp-dev libboost-dev nlohmann-json3-dev libyaml-cpp-dev
   libcli11-dev libspdlog-dev libfmt-dev libssl-dev zlib1g-dev
   # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev nginx-light
+  libgtest-dev libgmock-dev libbenchmark-dev nginx-light redis-server redis-tools
   # runtimes
   containerd runc iproute2 busybox-static
   # CRIU saves and restores network namespaces with iptables-save/-restore
@@ -46,10 +46,13 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   log "all ${#PACKAGES[@]} Debian packages present"
 fi
-# nginx-light is only a benchmark baseline: keep the packaged service from holding :80.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active -q nginx 2>/dev/null; then
-  systemctl disable --now nginx >/dev/null 2>&1 || true
-fi
+# nginx-light and redis-server are only benchmark baselines (the benchmarks start their own):
+# keep the packaged services from holding :80 and :6379.
+for svc in nginx redis-server; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active -q "$svc" 2>/dev/null; then
+    systemctl disable --now "$svc" >/dev/null 2>&1 || true
+  fi
+done
 
 # Debian's criu 3.17 fails on current kernels (vDSO); Silt always names CRIU 4.1+ explicitly.
 if dpkg-query -W -f='${Status}' criu 2>/dev/null | grep -q "install ok installed"; then
@@ -70,7 +73,11 @@ else
     log "fetching CRIU $CRIU_VERSION upstream source tarball from Debian's archive"
     apt_dir=$(mktemp -d)
     mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial"
-    echo "deb-src http://deb.debian.org/debian trixie main" >"$apt_dir/sources.list"
+    # The mirror this machine's apt already uses (never a hard-coded registry).
+    mirror=$(apt-get indextargets --format '$(REPO_URI)' 2>/dev/null | grep -v -- '-security' |
+      grep -m1 '/debian/\?$' || true)
+    [ -n "$mirror" ] || die "no Debian mirror in this machine's apt configuration"
+    echo "deb-src ${mirror%/} trixie main" >"$apt_dir/sources.list"
     apt_opts=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o "Dir::Etc::sourceparts=-"
       -o "Dir::State::Lists=$apt_dir/lists" -o "APT::Get::List-Cleanup=0")
     apt-get "${apt_opts[@]}" update -q

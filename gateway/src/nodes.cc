@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "openfaas_types.h"
 
@@ -84,6 +86,15 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   struct Fn {
     v1::FunctionSpec spec;
     uint64_t replicas = 0;
+    // From the deployment's constraints ("node.name==N", "node.name!=N",
+    // "kubernetes.io/hostname=N"); others are ignored, as faasd ignores all.
+    std::vector<std::string> only_nodes, not_nodes;
+    bool Allows(const std::string& node) const {
+      auto has = [&](const std::vector<std::string>& v) {
+        return std::find(v.begin(), v.end(), node) != v.end();
+      };
+      return (only_nodes.empty() || has(only_nodes)) && !has(not_nodes);
+    }
   };
   struct Node {
     std::string name, address;
@@ -170,6 +181,18 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       auto secret = store->GetSecret(rec.ns, name);
       if (secret.ok()) (*s.mutable_secrets())[name] = secret->value;
     }
+    for (const auto& c : d->constraints) {
+      std::string flat = absl::StrReplaceAll(c, {{" ", ""}});
+      for (auto [prefix, list] :
+           {std::pair{"node.name==", &fn->only_nodes},
+            std::pair{"kubernetes.io/hostname=", &fn->only_nodes},
+            std::pair{"node.name!=", &fn->not_nodes}}) {
+        if (absl::StartsWith(flat, prefix)) {
+          list->push_back(flat.substr(strlen(prefix)));
+          break;
+        }
+      }
+    }
     if (d->limits && !d->limits->memory.empty())
       if (auto m = ParseMemoryQuantity(d->limits->memory); m.ok())
         s.set_memory_limit_bytes(*m);
@@ -192,16 +215,19 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     return absl::OkStatus();
   }
 
-  // Caller holds mu. Replicas spread over the nodes in name order.
+  // Caller holds mu. Replicas spread over the nodes the function may run on,
+  // in name order.
   v1::Assignment AssignmentLocked(const std::string& node_name) {
     v1::Assignment a;
-    std::vector<std::string> names;
-    for (const auto& [n, node] : nodes) names.push_back(n);
-    size_t index =
-        std::find(names.begin(), names.end(), node_name) - names.begin();
-    size_t count = names.size();
     for (const auto& [key, fn] : fns) {
       if (fn->spec.bundle_digest().empty()) continue;
+      if (!fn->Allows(node_name)) continue;
+      std::vector<std::string> names;
+      for (const auto& [n, node] : nodes)
+        if (fn->Allows(n)) names.push_back(n);
+      size_t index =
+          std::find(names.begin(), names.end(), node_name) - names.begin();
+      size_t count = names.size();
       v1::FunctionSpec* s = a.add_functions();
       *s = fn->spec;
       uint64_t share = count == 0 ? 0
@@ -459,10 +485,12 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     std::vector<std::string> tried;
   };
 
-  // Caller holds mu. The node with the most idle instances of this function,
-  // then the fewest calls of it in flight, then round robin.
-  std::shared_ptr<Node> PickLocked(const std::string& key, uint64_t generation,
+  // Caller holds mu. Of the nodes the function's constraints allow: the one
+  // with the most idle instances of it, then the fewest calls of it in
+  // flight, then round robin.
+  std::shared_ptr<Node> PickLocked(const std::string& key, const Fn& fn,
                                    const std::vector<std::string>& exclude) {
+    uint64_t generation = fn.spec.generation();
     std::shared_ptr<Node> best;
     long best_idle = 0;
     int best_inflight = 0;
@@ -475,6 +503,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       if (std::find(exclude.begin(), exclude.end(), node->name) !=
           exclude.end())
         continue;
+      if (!fn.Allows(node->name)) continue;
       long ready = 0;
       if (auto it = node->counts.find(key);
           it != node->counts.end() && it->second.generation() == generation)
@@ -528,7 +557,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     std::string key = Key(call->call.ns, call->call.name);
     {
       std::lock_guard<std::mutex> l(mu);
-      call->node = PickLocked(key, call->fn->spec.generation(), call->tried);
+      call->node = PickLocked(key, *call->fn, call->tried);
       if (call->node) ++call->node->inflight[key];
     }
     if (!call->node) {

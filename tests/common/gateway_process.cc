@@ -12,11 +12,12 @@
 namespace silt::testing {
 
 absl::StatusOr<GatewayProcess> GatewayProcess::Start(
-    const std::string& data_dir, const std::vector<std::string>& extra) {
+    const std::string& data_dir, const std::vector<std::string>& extra,
+    const std::string& grpc_listen) {
   std::vector<std::string> argv = {
       SILT_GATEWAY_BIN,   "--listen",    "127.0.0.1:0",
       "--metrics-listen", "127.0.0.1:0", "--grpc-listen",
-      "127.0.0.1:0",      "--data-dir",  data_dir};
+      grpc_listen,        "--data-dir",  data_dir};
   argv.insert(argv.end(), extra.begin(), extra.end());
   auto p = Process::Start(argv);
   if (!p.ok()) return p.status();

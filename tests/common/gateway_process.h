@@ -12,10 +12,11 @@ namespace silt::testing {
 
 class GatewayProcess {
  public:
-  // Starts silt-gateway with --data-dir `data_dir` and `extra` flags; waits for
-  // "listening on".
+  // Starts silt-gateway with --data-dir `data_dir` and `extra` flags, its
+  // invoker-facing gRPC on `grpc_listen`; waits for "listening on".
   static absl::StatusOr<GatewayProcess> Start(
-      const std::string& data_dir, const std::vector<std::string>& extra = {});
+      const std::string& data_dir, const std::vector<std::string>& extra = {},
+      const std::string& grpc_listen = "127.0.0.1:0");
 
   const std::string& url() const { return url_; }  // http://127.0.0.1:PORT
   const std::string& metrics_url() const { return metrics_url_; }

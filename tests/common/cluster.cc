@@ -1,0 +1,176 @@
+#include "common/cluster.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace silt::testing {
+namespace {
+
+constexpr char kIp[] = "/usr/sbin/ip";
+constexpr char kNsenter[] = "/usr/bin/nsenter";
+
+absl::Status Ip(std::vector<std::string> args) {
+  args.insert(args.begin(), kIp);
+  auto r = RunCommand(args);
+  if (r.exit_code != 0)
+    return absl::InternalError(
+        absl::StrCat(absl::StrJoin(args, " "), ": ", r.err));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
+    const std::string& dir, ClusterOptions options) {
+  std::unique_ptr<Cluster> c(new Cluster);
+  c->dir_ = dir;
+  c->options_ = std::move(options);
+  std::string grpc_listen = "127.0.0.1:0";
+  if (c->options_.network_namespaces) {
+    if (geteuid() != 0 || access(kIp, X_OK) != 0 || access(kNsenter, X_OK) != 0)
+      return absl::FailedPreconditionError(
+          "network namespaces need root, ip (iproute2) and nsenter");
+    // 512 /24 subnets of 198.18.0.0/15, one per test process.
+    int n = static_cast<int>(getpid() % 512);
+    c->subnet_ = absl::StrCat("198.", 18 + n / 256, ".", n % 256, ".");
+    c->prefix_ = absl::StrCat("s", getpid() % 100000);
+    if (auto s = c->CreateBridge(); !s.ok()) return s;
+    grpc_listen = c->subnet_ + "1:0";
+  }
+  auto gw = GatewayProcess::Start(dir + "/gateway", c->options_.gateway_flags,
+                                  grpc_listen);
+  if (!gw.ok()) return gw.status();
+  c->gateway_ = std::make_unique<GatewayProcess>(*std::move(gw));
+  auto r = c->Silt({"login", "--password-stdin"}, c->gateway_->password());
+  if (r.exit_code != 0)
+    return absl::InternalError(absl::StrCat("silt login: ", r.err));
+  return c;
+}
+
+absl::Status Cluster::CreateBridge() {
+  bridge_ = prefix_ + "br";
+  if (auto s = Ip({"link", "add", bridge_, "type", "bridge"}); !s.ok())
+    return s;
+  if (auto s = Ip({"addr", "add", subnet_ + "1/24", "dev", bridge_}); !s.ok())
+    return s;
+  return Ip({"link", "set", bridge_, "up"});
+}
+
+absl::StatusOr<Cluster::Node> Cluster::CreateNamespace(
+    const std::string& name) {
+  Node node;
+  int host = next_host_++;
+  node.netns = absl::StrCat(prefix_, "n", host);
+  node.ip = absl::StrCat(subnet_, host);
+  std::string outside = absl::StrCat(prefix_, "v", host);
+  std::string inside = absl::StrCat(prefix_, "i", host);
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"netns", "add", node.netns},
+           {"link", "add", outside, "type", "veth", "peer", "name", inside},
+           {"link", "set", inside, "netns", node.netns},
+           {"link", "set", outside, "master", bridge_},
+           {"link", "set", outside, "up"},
+           {"-n", node.netns, "addr", "add", node.ip + "/24", "dev", inside},
+           {"-n", node.netns, "link", "set", inside, "up"},
+           {"-n", node.netns, "link", "set", "lo", "up"}}) {
+    if (auto s = Ip(args); !s.ok()) return s;
+  }
+  (void)name;
+  return node;
+}
+
+Cluster::~Cluster() {
+  // SIGTERM: an invoker tears its instances down on the way out.
+  for (auto& [name, node] : nodes_)
+    if (node.process) node.process->Stop(SIGTERM);
+  gateway_.reset();
+  for (auto& [name, node] : nodes_)
+    if (!node.netns.empty()) (void)Ip({"netns", "del", node.netns});
+  if (!bridge_.empty()) (void)Ip({"link", "del", bridge_});
+}
+
+std::vector<std::string> Cluster::InNode(const std::string& name,
+                                         std::vector<std::string> argv) const {
+  const Node& node = nodes_.at(name);
+  if (node.netns.empty()) return argv;
+  argv.insert(argv.begin(), {kNsenter, "--net=/run/netns/" + node.netns, "--"});
+  return argv;
+}
+
+absl::Status Cluster::AddNode(const NodeOptions& options) {
+  auto it = nodes_.find(options.name);
+  if (it == nodes_.end()) {
+    Node node{.ip = "127.0.0.1"};
+    if (options_.network_namespaces) {
+      auto created = CreateNamespace(options.name);
+      if (!created.ok()) return created.status();
+      node = *std::move(created);
+    }
+    it = nodes_.emplace(options.name, std::move(node)).first;
+  } else if (it->second.process && it->second.process->pid() > 0) {
+    return absl::AlreadyExistsError(options.name + " is running");
+  }
+  std::vector<std::string> args = {SILT_INVOKER_BIN,
+                                   "--gateway",
+                                   gateway_->grpc_address(),
+                                   "--listen",
+                                   it->second.ip + ":0",
+                                   "--data-dir",
+                                   dir_ + "/" + options.name,
+                                   "--node-name",
+                                   options.name,
+                                   "--report-interval-ms",
+                                   "100"};
+  if (options.cpus)
+    args.insert(args.end(), {"--cpus", absl::StrCat(options.cpus)});
+  if (options.memory_mib)
+    args.insert(args.end(), {"--memory", absl::StrCat(options.memory_mib)});
+  args.insert(args.end(), options.extra.begin(), options.extra.end());
+  auto p = Process::Start(InNode(options.name, args));
+  if (!p.ok()) return p.status();
+  auto line = p->WaitForLine("listening on ", std::chrono::seconds(30));
+  if (!line.ok()) return line.status();
+  it->second.process = std::make_unique<Process>(*std::move(p));
+  return absl::OkStatus();
+}
+
+int Cluster::StopNode(const std::string& name, int sig) {
+  auto& node = nodes_.at(name);
+  int status = node.process->Stop(sig);
+  node.process.reset();
+  return status;
+}
+
+absl::Status Cluster::WaitNodes(size_t n) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::string last;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto r = gateway_->Call("GET", "/system/nodes");
+    last = r.body;
+    if (r.status == 200) {
+      auto nodes = nlohmann::json::parse(r.body, nullptr, false);
+      if (nodes.is_array() && nodes.size() == n) return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("expected ", n, " nodes registered; /system/nodes: ", last));
+}
+
+RunResult Cluster::Silt(std::vector<std::string> args,
+                        const std::string& input) const {
+  args.insert(args.begin(), SILT_CLI_BIN);
+  return RunCommand(args, input,
+                    {{"OPENFAAS_CONFIG", dir_ + "/config"},
+                     {"OPENFAAS_URL", gateway_->url()}});
+}
+
+}  // namespace silt::testing
