@@ -4,9 +4,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 
@@ -43,49 +45,70 @@ absl::Status WriteBytesFrame(int fd, std::string_view payload) {
   return absl::OkStatus();
 }
 
+void AppendFrame(std::string* out, std::string_view payload) {
+  uint32_t len = static_cast<uint32_t>(payload.size());
+  out->append(reinterpret_cast<const char*>(&len), 4);
+  out->append(payload);
+}
+
+absl::Status WriteAll(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    ssize_t n = send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      return absl::UnavailableError(absl::StrCat("send: ", strerror(errno)));
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+bool FrameReader::HasFrame() const {
+  size_t have = end_ - start_;
+  if (have < 4) return false;
+  uint32_t len;
+  memcpy(&len, buf_.get() + start_, 4);
+  return have >= 4 + size_t{len};
+}
+
 absl::Status FrameReader::Next(std::string* out) {
+  constexpr size_t kReadSize = 64 * 1024;
   while (true) {
-    size_t have = buf_.size() - start_;
+    size_t have = end_ - start_;
+    size_t need = kReadSize;
     if (have >= 4) {
       uint32_t len;
-      memcpy(&len, buf_.data() + start_, 4);
+      memcpy(&len, buf_.get() + start_, 4);
       if (len > max_)
         return absl::DataLossError(absl::StrCat("frame of ", len, " bytes"));
       if (have >= 4 + size_t{len}) {
-        out->assign(buf_, start_ + 4, len);
+        out->assign(buf_.get() + start_ + 4, len);
         start_ += 4 + len;
-        if (start_ == buf_.size()) {
-          buf_.clear();
-          start_ = 0;
-        }
+        if (start_ == end_) start_ = end_ = 0;
         return absl::OkStatus();
       }
-      // Make room for the whole frame in one read where possible.
-      if (start_ > 0) {
-        buf_.erase(0, start_);
-        start_ = 0;
+      need = std::max(need, 4 + size_t{len});
+    }
+    // Room for the whole frame after the unread bytes, in one read where
+    // possible.
+    if (cap_ - start_ < need) {
+      if (cap_ < need) {
+        auto bigger = std::make_unique<char[]>(need);
+        memcpy(bigger.get(), buf_.get() + start_, have);
+        buf_ = std::move(bigger);
+        cap_ = need;
+      } else {
+        memmove(buf_.get(), buf_.get() + start_, have);
       }
+      start_ = 0;
+      end_ = have;
     }
-    size_t old = buf_.size();
-    size_t want = 64 * 1024;
-    if (have >= 4) {
-      uint32_t len;
-      memcpy(&len, buf_.data(), 4);
-      want = std::max<size_t>(want, 4 + size_t{len} - have);
-    }
-    buf_.resize(old + want);
-    ssize_t n = recv(fd_, buf_.data() + old, want, 0);
-    if (n < 0 && errno == EINTR) {
-      buf_.resize(old);
-      continue;
-    }
-    if (n <= 0) {
-      buf_.resize(old);
+    ssize_t n = recv(fd_, buf_.get() + end_, cap_ - end_, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
       return absl::UnavailableError(
           n == 0 ? std::string("closed by the peer")
                  : absl::StrCat("recv: ", strerror(errno)));
-    }
-    buf_.resize(old + static_cast<size_t>(n));
+    end_ += static_cast<size_t>(n);
   }
 }
 

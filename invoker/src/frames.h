@@ -5,6 +5,7 @@
 #define SILT_INVOKER_FRAMES_H_
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -16,6 +17,11 @@ namespace silt::invoker {
 // peer is gone.
 absl::Status WriteBytesFrame(int fd, std::string_view payload);
 
+// Appends one frame to *out (to send several with one WriteAll).
+void AppendFrame(std::string* out, std::string_view payload);
+// Writes all of `bytes`. Unavailable when the peer is gone.
+absl::Status WriteAll(int fd, std::string_view bytes);
+
 // Reads frames from one socket, buffering so that a small frame costs one
 // read. Not thread-safe: one reader per socket.
 class FrameReader {
@@ -24,12 +30,15 @@ class FrameReader {
   // The next frame's payload into *out. Unavailable when the peer closed,
   // DataLoss for a frame over the limit.
   absl::Status Next(std::string* out);
+  // Whether a whole frame is buffered (Next would not read).
+  bool HasFrame() const;
 
  private:
   int fd_;
   size_t max_;
-  std::string buf_;
-  size_t start_ = 0;  // unread bytes are buf_[start_, buf_.size())
+  // Unread bytes are buf_[start_, end_); grown, never zero-filled.
+  std::unique_ptr<char[]> buf_;
+  size_t cap_ = 0, start_ = 0, end_ = 0;
 };
 
 }  // namespace silt::invoker

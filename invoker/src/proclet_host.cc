@@ -24,6 +24,7 @@
 #include "frames.h"
 #include "proclets/shard.h"
 #include "silt/state_wire.h"
+#include "state_loop.h"
 
 namespace silt::invoker {
 namespace {
@@ -176,6 +177,7 @@ struct PeerConn {
 struct ProcletHost::Impl {
   ProcletHostOptions options;
   std::string address;
+  std::atomic<uint64_t> ops{0};  // shard operations executed (metrics)
   int listener = -1;
   std::thread acceptor;
 
@@ -190,6 +192,9 @@ struct ProcletHost::Impl {
   std::map<std::string, std::vector<std::unique_ptr<PeerConn>>> idle_peers
       ABSL_GUARDED_BY(peers_mu);
 
+  // Instances' state connections (see state_loop.h).
+  std::unique_ptr<StateLoop> loop;
+
   absl::Mutex conns_mu;
   bool stopping ABSL_GUARDED_BY(conns_mu) = false;
   uint64_t next_conn ABSL_GUARDED_BY(conns_mu) = 0;
@@ -198,6 +203,7 @@ struct ProcletHost::Impl {
   std::vector<uint64_t> finished ABSL_GUARDED_BY(conns_mu);
 
   ~Impl() {
+    loop.reset();
     {
       absl::MutexLock l(&conns_mu);
       stopping = true;
@@ -258,31 +264,26 @@ struct ProcletHost::Impl {
     }
   }
 
-  void ServeInstance(int fd, const std::string& ns,
-                     const std::string& function) {
-    t_function = function;
-    FrameReader reader(fd, wire::kMaxFrameBytes);
-    std::string req;
-    while (reader.Next(&req).ok()) {
-      std::string reply;
-      try {
-        reply = HandleInstance(ns, req);
-      } catch (const std::exception& e) {  // last line of defence
-        fprintf(stderr, "silt-invoker: state request of namespace %s: %s\n",
-                ns.c_str(), e.what());
-        reply = Error(StateCode::kInternal, "internal error");
-      }
-      if (!WriteBytesFrame(fd, reply).ok()) return;
-    }
-  }
-
+  // A peer's connection: its requests are answered in order, and the answers
+  // to requests that arrived together leave in one write.
   void ServePeer(int fd) {
     FrameReader reader(fd, wire::kMaxFrameBytes + 4096);
-    std::string req;
+    std::string req, batch;
+    auto flush = [&] {
+      bool ok = WriteAll(fd, batch).ok();
+      batch.clear();
+      return ok;
+    };
+    auto respond = [&](std::string_view reply) {
+      AppendFrame(&batch, reply);
+      return batch.size() < (256 << 10) || flush();
+    };
     // A migration into this node, while one is being received here.
     std::optional<pv1::ShardInfo> incoming;
     std::optional<proclets::Arena> arena;
-    while (reader.Next(&req).ok()) {
+    while (true) {
+      if (!batch.empty() && !reader.HasFrame() && !flush()) return;
+      if (!reader.Next(&req).ok()) return;
       wire::Reader r(req);
       uint8_t op;
       if (!r.U8(&op)) return;
@@ -295,7 +296,7 @@ struct ProcletHost::Impl {
             fprintf(stderr, "silt-invoker: shard request: %s\n", e.what());
             reply = Error(StateCode::kInternal, "internal error");
           }
-          if (!WriteBytesFrame(fd, reply).ok()) return;
+          if (!respond(reply)) return;
           break;
         }
         case PeerOp::kMigrateBegin: {
@@ -328,7 +329,7 @@ struct ProcletHost::Impl {
           }
           arena.reset();
           incoming.reset();
-          if (!WriteBytesFrame(fd, reply).ok()) return;
+          if (!respond(reply)) return;
           break;
         }
         default:
@@ -380,11 +381,18 @@ struct ProcletHost::Impl {
 
   // The shard that holds `hint`, following splits made here. Returns it
   // locked, or null (with *moved set when it went elsewhere).
+  // With would_block set, never waits: a frozen shard sets *would_block.
   HostedShard* Resolve(std::shared_ptr<HostedShard> hs, uint64_t hint,
                        std::shared_ptr<HostedShard>* keep, std::string* moved,
-                       uint64_t* moved_epoch) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                       uint64_t* moved_epoch, bool* would_block = nullptr)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS {
     while (hs) {
       hs->mu.Lock();
+      if (would_block && hs->frozen && !hs->gone) {
+        hs->mu.Unlock();
+        *would_block = true;
+        return nullptr;
+      }
       // Wait out the final round of a migration (it is short).
       auto deadline = absl::Now() + absl::Seconds(2);
       while (hs->frozen && !hs->gone) {
@@ -426,8 +434,10 @@ struct ProcletHost::Impl {
     return nullptr;
   }
 
-  // One operation on a shard held here (a peer's, or this node's own).
-  std::string HandleShardOp(wire::Reader r) {
+  // One operation on a shard held here (a peer's, or this node's own). With
+  // would_block set, returns "" and sets it instead of waiting for a
+  // migration's final round or for a queue to fill.
+  std::string HandleShardOp(wire::Reader r, bool* would_block = nullptr) {
     uint64_t id, hint;
     uint8_t op;
     if (!r.U64(&id) || !r.U64(&hint) || !r.U8(&op))
@@ -437,9 +447,12 @@ struct ProcletHost::Impl {
     std::shared_ptr<HostedShard> keep;
     std::string moved;
     uint64_t moved_epoch = 0;
-    HostedShard* s = Resolve(hs, hint, &keep, &moved, &moved_epoch);
+    HostedShard* s =
+        Resolve(hs, hint, &keep, &moved, &moved_epoch, would_block);
+    if (would_block && *would_block) return "";
     if (s == nullptr) return MovedReply(moved, moved_epoch);
     std::string reply = Execute(*s, static_cast<StateOp>(op), r);
+    ops.fetch_add(1, std::memory_order_relaxed);
     s->mu.Unlock();
     return reply;
   }
@@ -782,6 +795,82 @@ struct ProcletHost::Impl {
     }
     return Error(StateCode::kUnavailable,
                  absl::StrCat("state \"", name, "\": ", last));
+  }
+
+  // An answer the instance can have as it is (not MOVED, not a node that
+  // could not be reached: those go the slow way, which follows them).
+  static bool IsFinal(std::string_view reply) {
+    if (reply.empty()) return false;
+    auto code = static_cast<StateCode>(reply[0]);
+    return code != StateCode::kMoved && code != StateCode::kUnavailable;
+  }
+
+  // The state loop's fast path: an operation on one shard whose location is
+  // cached, answered here if the shard is here (without waiting), else
+  // forwarded to its node. Everything else: kSlow (HandleInstance).
+  StateLoopBackend::Fast Fast(const std::string& ns, std::string_view req) {
+    using Path = StateLoopBackend::Fast::Path;
+    StateLoopBackend::Fast f;
+    wire::Reader r(req);
+    StateOp op;
+    StateKind kind;
+    std::string_view name;
+    if (!wire::ReadRequestHeader(&r, &op, &kind, &name)) return f;
+    std::string_view args = r.rest();
+    uint64_t hint = 0;
+    switch (op) {
+      case StateOp::kMapGet:
+      case StateOp::kMapPut:
+      case StateOp::kMapErase:
+      case StateOp::kMapContains: {
+        wire::Reader k(args);
+        std::string_view key;
+        if (!k.Str(&key) || key.size() > proclets::kMaxKeyBytes) return f;
+        hint = proclets::KeyHash(key);
+        break;
+      }
+      case StateOp::kVecGet:
+      case StateOp::kVecSet: {
+        wire::Reader a(args);
+        if (!a.U64(&hint)) return f;
+        break;
+      }
+      case StateOp::kVecPush:
+        hint = kOpenEnd - 1;
+        break;
+      case StateOp::kQueuePush:
+        hint = 0;
+        break;
+      default:
+        return f;
+    }
+    std::string key;
+    key.reserve(ns.size() + 1 + name.size());
+    key.append(ns).append("/").append(name);
+    std::shared_ptr<const pv1::Layout> layout;
+    {
+      absl::MutexLock l(&layouts_mu);
+      auto it = layouts.find(key);
+      if (it == layouts.end()) return f;
+      layout = it->second;
+    }
+    if (layout->kind() != ProtoKind(kind)) return f;
+    const pv1::ShardLocation* loc = Covering(*layout, hint);
+    if (loc == nullptr || loc->state() == pv1::SHARD_LOST) return f;
+    std::string frame = ShardRequest(loc->id(), hint, op, args);
+    if (loc->data_address() != address) {
+      f.path = Path::kForward;
+      f.peer = loc->data_address();
+      f.frame = std::move(frame);
+      return f;
+    }
+    bool would_block = false;
+    std::string reply = HandleShardOp(
+        wire::Reader(std::string_view(frame).substr(1)), &would_block);
+    if (would_block || !IsFinal(reply)) return f;
+    f.path = Path::kReply;
+    f.reply = std::move(reply);
+    return f;
   }
 
   // Runs op on every shard of the structure and gives each reply to fn.
@@ -1170,6 +1259,36 @@ absl::StatusOr<std::unique_ptr<ProcletHost>> ProcletHost::Start(
   impl->listener = fd;
   impl->address = absl::StrCat(hp->first, ":", ntohs(sa.sin_port));
   Impl* raw = impl.get();
+  StateLoopBackend backend;
+  backend.fast = [raw](const std::string& ns, std::string_view req) {
+    return raw->Fast(ns, req);
+  };
+  backend.slow = [raw](const std::string& ns, const std::string& function,
+                       std::string_view req) {
+    t_function = function;
+    try {
+      return raw->HandleInstance(ns, req);
+    } catch (const std::exception& e) {  // last line of defence
+      fprintf(stderr, "silt-invoker: state request of namespace %s: %s\n",
+              ns.c_str(), e.what());
+      return Error(StateCode::kInternal, "internal error");
+    }
+  };
+  backend.final_reply = [](std::string_view reply) {
+    return Impl::IsFinal(reply);
+  };
+  backend.broken_reply = [](const std::string& peer) {
+    return Error(StateCode::kUnavailable,
+                 absl::StrCat("lost the connection to ", peer,
+                              " during the operation (it may or may not "
+                              "have been applied)"));
+  };
+  backend.internal_error = [] {
+    return Error(StateCode::kInternal, "internal error");
+  };
+  auto loop = StateLoop::Start(std::move(backend), wire::kMaxFrameBytes);
+  if (!loop.ok()) return loop.status();
+  impl->loop = *std::move(loop);
   impl->acceptor = std::thread([raw] { raw->AcceptLoop(); });
   return std::unique_ptr<ProcletHost>(new ProcletHost(std::move(impl)));
 }
@@ -1178,10 +1297,7 @@ std::string ProcletHost::data_address() const { return impl_->address; }
 
 void ProcletHost::Attach(int fd, const std::string& ns,
                          const std::string& function) {
-  Impl* impl = impl_.get();
-  impl->Spawn(fd, [impl, ns, function](int fd) {
-    impl->ServeInstance(fd, ns, function);
-  });
+  impl_->loop->Attach(fd, ns, function);
 }
 
 absl::Status ProcletHost::CreateShard(const pv1::ShardInfo& info) {
@@ -1309,6 +1425,10 @@ absl::StatusOr<pv1::SplitShardResponse> ProcletHost::Split(uint64_t id,
 void ProcletHost::ForgetLayout(const std::string& ns, const std::string& name) {
   absl::MutexLock l(&impl_->layouts_mu);
   impl_->layouts.erase(Impl::LayoutKey(ns, name));
+}
+
+uint64_t ProcletHost::ops() const {
+  return impl_->ops.load(std::memory_order_relaxed);
 }
 
 std::vector<pv1::ShardInfo> ProcletHost::Shards() const {

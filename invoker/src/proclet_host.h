@@ -64,6 +64,8 @@ class ProcletHost {
   void ForgetLayout(const std::string& ns, const std::string& name);
 
   std::vector<pv1::ShardInfo> Shards() const;
+  // State operations executed on shards held here so far (cumulative).
+  uint64_t ops() const;
 
  private:
   struct Impl;

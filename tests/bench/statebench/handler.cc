@@ -2,6 +2,8 @@
 // sandbox, the way a handler uses state, and reports what it measured.
 //
 //   /fill?keys=N&vsize=B             puts keys k0..k(N-1) with B-byte values
+//   (all routes take &name=MAP, default "bench"; &shards=N&max_mib=M set the
+//   map's options when the call creates it)
 //   /run?op=get|put&keys=N&vsize=B&start=NS&end=NS
 //        waits until CLOCK_REALTIME `start`, then does one operation after
 //        another on random keys until `end`; the body is the latency of each
@@ -43,7 +45,12 @@ uint64_t Now(clockid_t clock) {
 }
 
 silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
-  auto map = ctx.Map<std::string, std::string>("bench");
+  std::string name = Param(req.query, "name");
+  silt::StateOptions options;
+  options.initial_shards = static_cast<uint32_t>(Num(req.query, "shards", 0));
+  options.max_shard_bytes = Num(req.query, "max_mib", 0) << 20;
+  auto map =
+      ctx.Map<std::string, std::string>(name.empty() ? "bench" : name, options);
   uint64_t keys = Num(req.query, "keys", 10000);
   std::string value(Num(req.query, "vsize", 64), 'v');
   if (req.path == "/fill") {

@@ -1,0 +1,358 @@
+// Migration benchmark: one map shard of 10 and of 64 MiB moved live between
+// two nodes (invokers in their own network namespaces, joined by veth pairs
+// on a bridge), idle and under concurrent writers, against sending the same
+// number of bytes over a plain TCP connection between the same two
+// namespaces in the same run (the physical limit of the copy).
+//
+//   sudo build/tests/bench/bench_migrate [--sizes 10,64] [--writers 4]
+//                                        [--runs 3]
+//
+// Total: the `POST /system/proclets/ID/migrate` call as a user makes it
+// (directory commit included). Pause: how long the source held writes (its
+// final round), and the longest single write any writer saw meanwhile.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/cluster.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+using silt::testing::Cluster;
+
+double Ms(Clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
+uint64_t RealtimeNs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// ---- the baseline: a plain TCP copy, run inside the nodes' namespaces ----
+
+// --tcp-sink IP: listens on IP:0, prints the port, reads one connection to
+// its end, answers one byte.
+int TcpSink(const char* ip) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, ip, &a.sin_addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      listen(fd, 1) != 0)
+    return 1;
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  printf("port %d\n", ntohs(a.sin_port));
+  fflush(stdout);
+  int c = accept(fd, nullptr, nullptr);
+  std::vector<char> buf(1 << 20);
+  while (read(c, buf.data(), buf.size()) > 0) {
+  }
+  char ack = 1;
+  (void)!write(c, &ack, 1);
+  close(c);
+  return 0;
+}
+
+// --tcp-send IP:PORT BYTES: sends BYTES (from memory) and waits for the
+// ack; prints the milliseconds from connect to ack.
+int TcpSend(const char* addr, const char* bytes_text) {
+  std::string a(addr);
+  size_t colon = a.rfind(':');
+  uint64_t bytes = std::strtoull(bytes_text, nullptr, 10);
+  std::vector<char> data(bytes, 'x');  // touched: in memory, like an arena
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::atoi(a.c_str() + colon + 1)));
+  inet_pton(AF_INET, a.substr(0, colon).c_str(), &sa.sin_addr);
+  auto t0 = Clock::now();
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) return 1;
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = write(fd, data.data() + off,
+                      std::min<size_t>(data.size() - off, 1 << 20));
+    if (n <= 0) return 1;
+    off += static_cast<size_t>(n);
+  }
+  shutdown(fd, SHUT_WR);
+  char ack;
+  if (read(fd, &ack, 1) != 1) return 1;
+  printf("ms %.3f\n", Ms(Clock::now() - t0));
+  return 0;
+}
+
+std::string SelfPath() {
+  return std::filesystem::read_symlink("/proc/self/exe").string();
+}
+
+// One plain copy of `bytes` from node `from` to node `to`, in ms.
+double PlainCopyMs(Cluster& c, const std::string& from, const std::string& to,
+                   uint64_t bytes) {
+  auto sink = silt::testing::Process::Start(
+      c.InNode(to, {SelfPath(), "--tcp-sink", c.address(to)}));
+  if (!sink.ok()) return 0;
+  auto port = sink->WaitForLine("port ", std::chrono::seconds(10));
+  if (!port.ok()) return 0;
+  auto r = silt::testing::RunCommand(
+      c.InNode(from, {SelfPath(), "--tcp-send",
+                      absl::StrCat(c.address(to), ":", port->substr(5)),
+                      std::to_string(bytes)}));
+  sink->Stop(SIGTERM);
+  double ms = 0;
+  if (r.out.rfind("ms ", 0) == 0)
+    (void)absl::SimpleAtod(r.out.substr(3, r.out.find('\n') - 3), &ms);
+  return ms;
+}
+
+// ---- Silt ----
+
+struct Shard {
+  uint64_t id = 0, bytes = 0;
+  std::string node;
+};
+
+Shard FindShard(Cluster& c, const std::string& structure) {
+  auto procs = json::parse(c.gateway().Call("GET", "/system/proclets").body,
+                           nullptr, false);
+  Shard s;
+  for (const auto& p : procs) {
+    if (p.value("structure", "") != structure) continue;
+    s.id = p.value("id", uint64_t{0});
+    s.bytes = p.value("bytes", uint64_t{0});
+    s.node = p.value("node", "");
+  }
+  return s;
+}
+
+struct Move {
+  double wall_ms = 0, total_ms = 0, pause_ms = 0;
+  uint64_t bytes = 0;
+  int rounds = 0;
+  bool ok = false;
+};
+
+Move Migrate(Cluster& c, uint64_t id, const std::string& to) {
+  Move m;
+  auto t0 = Clock::now();
+  auto r = c.gateway().Call("POST",
+                            absl::StrCat("/system/proclets/", id, "/migrate"),
+                            json{{"node", to}}.dump());
+  m.wall_ms = Ms(Clock::now() - t0);
+  if (r.status != 200) {
+    fprintf(stderr, "migrate %llu to %s: %d %s\n",
+            static_cast<unsigned long long>(id), to.c_str(), r.status,
+            r.body.c_str());
+    return m;
+  }
+  auto j = json::parse(r.body);
+  m.total_ms = j.value("totalMs", 0.0);
+  m.pause_ms = j.value("pauseMs", 0.0);
+  m.bytes = j.value("bytes", uint64_t{0});
+  m.rounds = j.value("rounds", 0);
+  m.ok = true;
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[1]) == "--tcp-sink")
+    return TcpSink(argv[2]);
+  if (argc >= 4 && std::string(argv[1]) == "--tcp-send")
+    return TcpSend(argv[2], argv[3]);
+  std::vector<int> sizes = {10, 64};
+  int writers = 4, runs = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    if (flag == "--writers") writers = std::atoi(argv[i + 1]);
+    if (flag == "--runs") runs = std::max(1, std::atoi(argv[i + 1]));
+    if (flag == "--sizes") {
+      sizes.clear();
+      for (absl::string_view v : absl::StrSplit(argv[i + 1], ','))
+        sizes.push_back(std::atoi(std::string(v).c_str()));
+    }
+  }
+  if (geteuid() != 0) {
+    fprintf(stderr,
+            "bench_migrate: run as root (instances run sandboxed, "
+            "nodes in network namespaces)\n");
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  std::string dir = silt::testing::MakeTempDir("silt-bench-migrate");
+  auto cluster = Cluster::Start(dir);
+  if (!cluster.ok()) {
+    fprintf(stderr, "cluster: %s\n",
+            std::string(cluster.status().message()).c_str());
+    return 2;
+  }
+  Cluster& c = **cluster;
+  std::string max = std::to_string(writers + 1);
+  // node-a offers more memory: new shards start there.
+  for (auto [name, mib] : {std::pair{"node-a", 1 << 20}, {"node-b", 4096}}) {
+    auto s = c.AddNode({.name = name,
+                        .memory_mib = static_cast<uint64_t>(mib),
+                        .extra = {"--max-instances", max}});
+    if (!s.ok()) {
+      fprintf(stderr, "%s: %s\n", name, std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  if (auto s = c.WaitNodes(2); !s.ok()) {
+    fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  std::ofstream(dir + "/stack.yml")
+      << "version: 1.0\nprovider:\n  name: openfaas\nfunctions:\n"
+      << "  statebench:\n    lang: cpp\n    handler: " << SILT_SOURCE_DIR
+      << "/tests/bench/statebench\n    image: statebench\n";
+  auto built = c.Silt({"build", "-f", dir + "/stack.yml"});
+  auto pushed = c.Silt({"push", "-f", dir + "/stack.yml"});
+  size_t at = pushed.out.find("sha256:");
+  if (built.exit_code != 0 || pushed.exit_code != 0 ||
+      at == std::string::npos) {
+    fprintf(stderr, "build/push failed:\n%s%s%s%s\n", built.out.c_str(),
+            built.err.c_str(), pushed.out.c_str(), pushed.err.c_str());
+    return 2;
+  }
+  json d = {{"service", "sb"},
+            {"image", "statebench@" + pushed.out.substr(at, 71)},
+            {"constraints", {"node.name==node-b"}}};
+  if (auto r = c.gateway().Call("POST", "/system/functions", d.dump());
+      r.status != 200) {
+    fprintf(stderr, "deploy: %d %s\n", r.status, r.body.c_str());
+    return 2;
+  }
+
+  constexpr int kValue = 1000;
+  std::vector<std::string> ratios;
+  printf("\n%-28s %9s %9s %9s %9s %7s %12s\n", "", "bytes", "total ms",
+         "tcp ms", "pause ms", "rounds", "max write ms");
+  for (int mib : sizes) {
+    std::string name = absl::StrCat("m", mib);
+    // ~1 KB per entry: enough entries to make the arena `mib` MiB.
+    int keys = mib * 1000;
+    auto fill = c.gateway().Call(
+        "POST",
+        absl::StrCat("/function/sb/fill?name=", name, "&keys=", keys,
+                     "&vsize=", kValue, "&shards=1&max_mib=1024"),
+        "", false);
+    if (fill.status != 200) {
+      fprintf(stderr, "fill: %d %s\n", fill.status, fill.body.c_str());
+      return 2;
+    }
+    Shard shard = FindShard(c, name);
+
+    // Idle: back and forth.
+    std::vector<double> wall, total, tcp;
+    Move last;
+    for (int r = 0; r < runs; ++r) {
+      std::string from = FindShard(c, name).node;
+      std::string to = from == "node-a" ? "node-b" : "node-a";
+      last = Migrate(c, shard.id, to);
+      if (!last.ok) return 1;
+      wall.push_back(last.wall_ms);
+      total.push_back(last.total_ms);
+      tcp.push_back(PlainCopyMs(c, from, to, last.bytes));
+    }
+    double tcp_ms = Median(tcp);
+    printf("%-28s %9llu %9.2f %9.2f %9.3f %7d %12s\n",
+           absl::StrCat(mib, " MiB shard, idle").c_str(),
+           static_cast<unsigned long long>(last.bytes), Median(wall), tcp_ms,
+           last.pause_ms, last.rounds, "-");
+    printf("%-28s %9s %9.2f\n", "  (source's own total)", "", Median(total));
+    ratios.push_back(absl::StrFormat("migrate_%dMiB_vs_tcp=%.2f", mib,
+                                     tcp_ms > 0 ? Median(wall) / tcp_ms : 0));
+
+    // Under writers: they run for a while, the shard moves in the middle.
+    double window_s = 1.0 + Median(wall) / 1000 * 3;
+    uint64_t start = RealtimeNs() + 300000000;
+    uint64_t end = start + static_cast<uint64_t>(window_s * 1e9);
+    std::string path =
+        absl::StrCat("/function/sb/run?op=put&name=", name, "&keys=", keys,
+                     "&vsize=", kValue, "&start=", start, "&end=", end);
+    std::vector<std::vector<uint32_t>> lat(writers);
+    std::vector<std::thread> threads;
+    std::atomic<int> failed{0};
+    for (int w = 0; w < writers; ++w) {
+      threads.emplace_back([&, w] {
+        auto r = c.gateway().Call("POST", path, "", false);
+        if (r.status != 200) {
+          fprintf(stderr, "writer: %d %s\n", r.status,
+                  r.body.substr(0, 200).c_str());
+          ++failed;
+          return;
+        }
+        lat[w].resize(r.body.size() / 4);
+        memcpy(lat[w].data(), r.body.data(), lat[w].size() * 4);
+      });
+    }
+    // Move once the writers have run for a third of their window.
+    while (RealtimeNs() < start + static_cast<uint64_t>(window_s * 1e9 / 3))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::string from = FindShard(c, name).node;
+    std::string to = from == "node-a" ? "node-b" : "node-a";
+    Move busy = Migrate(c, shard.id, to);
+    for (auto& t : threads) t.join();
+    uint32_t max_ns = 0;
+    size_t writes = 0;
+    for (auto& v : lat) {
+      writes += v.size();
+      for (uint32_t x : v) max_ns = std::max(max_ns, x);
+    }
+    if (!busy.ok) return 1;
+    double tcp_busy = PlainCopyMs(c, from, to, busy.bytes);
+    printf("%-28s %9llu %9.2f %9.2f %9.3f %7d %12.3f\n",
+           absl::StrCat(mib, " MiB, ", writers, " writers").c_str(),
+           static_cast<unsigned long long>(busy.bytes), busy.wall_ms, tcp_busy,
+           busy.pause_ms, busy.rounds, max_ns / 1e6);
+    printf("%-28s %zu writes, %d writer call(s) failed\n", "", writes,
+           failed.load());
+    ratios.push_back(
+        absl::StrFormat("migrate_pause_ms_%dMiB=%.3f", mib, busy.pause_ms));
+    ratios.push_back(
+        absl::StrFormat("migrate_busy_%dMiB_vs_tcp=%.2f", mib,
+                        tcp_busy > 0 ? busy.wall_ms / tcp_busy : 0));
+    ratios.push_back(
+        absl::StrFormat("migrate_max_write_ms_%dMiB=%.3f", mib, max_ns / 1e6));
+  }
+  printf("\n");
+  for (const auto& r : ratios) printf("%s\n", r.c_str());
+  cluster->reset();
+  std::filesystem::remove_all(dir);
+  return 0;
+}
