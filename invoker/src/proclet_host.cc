@@ -50,6 +50,7 @@ enum class PeerOp : uint8_t {
   kMigrateBegin = 2,   // str ShardInfo; no reply
   kMigrateChunk = 3,   // u64 offset, u64 new_used, str bytes; no reply
   kMigrateCommit = 4,  // u64 new_used -> code
+  kMigrateSync = 5,    // -> code, once every earlier chunk is applied
 };
 
 std::string Reply(StateCode code, std::string_view payload = {}) {
@@ -317,6 +318,10 @@ struct ProcletHost::Impl {
           if (!arena->WriteAt(off, bytes, used).ok()) return;
           break;
         }
+        case PeerOp::kMigrateSync:
+          if (!respond(Reply(arena ? StateCode::kOk : StateCode::kInternal)))
+            return;
+          break;
         case PeerOp::kMigrateCommit: {
           uint64_t used;
           std::string reply;
@@ -457,6 +462,13 @@ struct ProcletHost::Impl {
     return reply;
   }
 
+  // In a multi-get reply: the key belongs to another shard.
+  static constexpr uint8_t kNotHere = 2;
+
+  static bool Covers(const pv1::ShardInfo& info, uint64_t hint) {
+    return hint >= info.lo() && (hint < info.hi() || info.hi() == kOpenEnd);
+  }
+
   static std::string MovedReply(const std::string& to, uint64_t epoch) {
     std::string p;
     wire::Writer w(&p);
@@ -505,6 +517,8 @@ struct ProcletHost::Impl {
           out.push_back(0);
           w.U64(m.count());
           return out;
+        // Keys this shard does not cover (it split since the caller's
+        // layout was cached) come back marked, for the caller to re-route.
         case StateOp::kMapMultiGet: {
           uint32_t n;
           if (!r.U32(&n)) return bad();
@@ -513,22 +527,35 @@ struct ProcletHost::Impl {
           for (uint32_t i = 0; i < n; ++i) {
             std::string_view k;
             if (!r.Str(&k)) return bad();
+            if (!Covers(s.info, proclets::KeyHash(k))) {
+              w.U8(kNotHere);
+              w.Str({});
+              continue;
+            }
             auto v = m.Get(k);
             w.U8(v.ok() ? 1 : 0);
             w.Str(v.ok() ? *v : std::string_view());
           }
           return out;
         }
-        case StateOp::kMapMultiPut: {
+        case StateOp::kMapMultiPut: {  // -> u32 n, n indexes not put here
           uint32_t n;
           if (!r.U32(&n)) return bad();
+          std::vector<uint32_t> elsewhere;
           for (uint32_t i = 0; i < n; ++i) {
             std::string_view k, v;
             if (!r.Str(&k) || !r.Str(&v)) return bad();
+            if (!Covers(s.info, proclets::KeyHash(k))) {
+              elsewhere.push_back(i);
+              continue;
+            }
             if (auto st = m.Put(k, v); !st.ok())
               return Error(CodeOf(st), st.message());
           }
-          return Reply(StateCode::kOk);
+          out.push_back(0);
+          w.U32(static_cast<uint32_t>(elsewhere.size()));
+          for (uint32_t i : elsewhere) w.U32(i);
+          return out;
         }
         default:
           break;
@@ -983,6 +1010,8 @@ struct ProcletHost::Impl {
     wire::Reader r(args);
     uint32_t n;
     if (!r.U32(&n)) return Error(StateCode::kInvalid, "missing count");
+    if (n > args.size() / 4)  // each key takes at least its length prefix
+      return Error(StateCode::kInvalid, "malformed multi request");
     struct Item {
       std::string_view key, value;
       uint64_t hash;
@@ -993,40 +1022,62 @@ struct ProcletHost::Impl {
         return Error(StateCode::kInvalid, "malformed multi request");
       it.hash = proclets::KeyHash(it.key);
     }
-    auto layout = GetLayout(ns, name, StateKind::kMap, false);
-    if (!layout.ok())
-      return Error(CodeOf(layout.status()), layout.status().message());
-    // Group by the shard (its lo) that the cached layout says holds each key.
-    std::map<uint64_t, std::vector<size_t>> groups;
-    for (size_t i = 0; i < items.size(); ++i) {
-      const pv1::ShardLocation* loc = Covering(**layout, items[i].hash);
-      groups[loc ? loc->lo() : items[i].hash].push_back(i);
-    }
     std::vector<std::string> values(n);
     std::vector<uint8_t> found(n, 0);
-    for (auto& [lo, idx] : groups) {
-      std::string sub;
-      wire::Writer w(&sub);
-      w.U32(static_cast<uint32_t>(idx.size()));
-      for (size_t i : idx) {
-        w.Str(items[i].key);
-        if (put) w.Str(items[i].value);
+    std::vector<size_t> todo(n);
+    for (size_t i = 0; i < n; ++i) todo[i] = i;
+    for (int attempt = 0; !todo.empty(); ++attempt) {
+      if (attempt == kMaxAttempts)
+        return Error(StateCode::kUnavailable,
+                     absl::StrCat("state \"", name,
+                                  "\": its shards kept splitting or moving"));
+      auto layout = GetLayout(ns, name, StateKind::kMap, attempt > 0);
+      if (!layout.ok())
+        return Error(CodeOf(layout.status()), layout.status().message());
+      // Group by the shard (its lo) that the layout says holds each key.
+      std::map<uint64_t, std::vector<size_t>> groups;
+      for (size_t i : todo) {
+        const pv1::ShardLocation* loc = Covering(**layout, items[i].hash);
+        groups[loc ? loc->lo() : items[i].hash].push_back(i);
       }
-      // The group's first key routes it; a shard split since the layout was
-      // cached still serves every key of it (splits are followed locally).
-      std::string reply =
-          Route(ns, name, StateKind::kMap, items[idx[0]].hash, op, sub);
-      if (reply[0] != 0) return reply;
-      if (put) continue;
-      wire::Reader rr(std::string_view(reply).substr(1));
-      uint32_t m;
-      if (!rr.U32(&m) || m != idx.size())
-        return Error(StateCode::kInternal, "bad shard reply");
-      for (size_t i : idx) {
-        std::string_view v;
-        if (!rr.U8(&found[i]) || !rr.Str(&v))
+      todo.clear();
+      for (auto& [lo, idx] : groups) {
+        std::string sub;
+        wire::Writer w(&sub);
+        w.U32(static_cast<uint32_t>(idx.size()));
+        for (size_t i : idx) {
+          w.Str(items[i].key);
+          if (put) w.Str(items[i].value);
+        }
+        std::string reply =
+            Route(ns, name, StateKind::kMap, items[idx[0]].hash, op, sub);
+        if (reply[0] != 0) return reply;
+        wire::Reader rr(std::string_view(reply).substr(1));
+        uint32_t m;
+        if (!rr.U32(&m)) return Error(StateCode::kInternal, "bad shard reply");
+        if (put) {  // the indexes (into idx) that belong elsewhere
+          for (uint32_t k = 0; k < m; ++k) {
+            uint32_t at;
+            if (!rr.U32(&at) || at >= idx.size())
+              return Error(StateCode::kInternal, "bad shard reply");
+            todo.push_back(idx[at]);
+          }
+          continue;
+        }
+        if (m != idx.size())
           return Error(StateCode::kInternal, "bad shard reply");
-        values[i] = std::string(v);
+        for (size_t i : idx) {
+          uint8_t st;
+          std::string_view v;
+          if (!rr.U8(&st) || !rr.Str(&v))
+            return Error(StateCode::kInternal, "bad shard reply");
+          if (st == kNotHere) {
+            todo.push_back(i);
+            continue;
+          }
+          found[i] = st;
+          values[i] = std::string(v);
+        }
       }
     }
     std::string out(1, '\0');
@@ -1173,9 +1224,24 @@ struct ProcletHost::Impl {
         if (auto s = send_range(o, n, false); !s.ok()) return abort(s);
     }
 
+    // Wait until the target has applied everything sent so far, so that the
+    // pause below holds writes only for the last changes, not for the tail
+    // of the copy still in flight.
+    {
+      std::string sync(1, static_cast<char>(PeerOp::kMigrateSync)), reply;
+      absl::Status s = WriteBytesFrame(conn.fd, sync);
+      if (s.ok()) s = conn.reader->Next(&reply);
+      if (s.ok() && (reply.empty() || reply[0] != 0))
+        s = absl::InternalError("target lost the migration");
+      if (!s.ok()) return abort(s);
+    }
+
     // Final round: hold writes, send what changed and the final size, commit.
     Clock::time_point pause_start;
     absl::Status commit;
+    std::unique_ptr<MapShard> old_map;
+    std::unique_ptr<VectorShard> old_vec;
+    std::unique_ptr<QueueShard> old_queue;
     {
       absl::MutexLock l(&hs->mu);
       hs->frozen = true;
@@ -1208,15 +1274,19 @@ struct ProcletHost::Impl {
         hs->frozen = false;
         hs->moved_to = target;
         hs->moved_epoch = info.epoch();
-        hs->map.reset();
-        hs->vec.reset();
-        hs->queue.reset();
+        // Freed after the pause (unmapping a large arena takes a while).
+        old_map = std::move(hs->map);
+        old_vec = std::move(hs->vec);
+        old_queue = std::move(hs->queue);
       }
     }
     if (!commit.ok()) return abort(commit);
     double pause_ms =
         std::chrono::duration<double, std::milli>(Clock::now() - pause_start)
             .count();
+    old_map.reset();
+    old_vec.reset();
+    old_queue.reset();
     pv1::MigrateShardResponse res;
     res.set_epoch(info.epoch());
     res.set_bytes(sent);
