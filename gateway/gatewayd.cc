@@ -57,7 +57,14 @@ int main(int argc, char** argv) {
   app.add_option("--write-timeout", write_timeout_s,
                  "Seconds to send a response")
       ->capture_default_str();
+  uint64_t shard_split_mib = 16;
+  app.add_option("--shard-split-mib", shard_split_mib,
+                 "Split a state shard once it passes this many MiB (moving "
+                 "16 MiB takes ~15 ms here)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{4096}));
   CLI11_PARSE(app, argc, argv);
+  o.shard_split_bytes = shard_split_mib << 20;
   o.auth = !no_auth;
   o.max_system_body_bytes = max_body_mib << 20;
   o.read_timeout = std::chrono::seconds(read_timeout_s);

@@ -1,6 +1,11 @@
 // silt-invoker: parses flags, starts the node agent, waits for SIGINT/SIGTERM.
+// SIGTERM (a planned stop) first drains the node's memory proclets to its
+// peers; SIGINT, or a second signal during the drain, stops at once.
+#include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
+#include <cstdio>
 #include <iostream>
 #include <thread>
 
@@ -55,11 +60,18 @@ int main(int argc, char** argv) {
                  "Memory for resident fork templates (0: no fork tier)")
       ->capture_default_str();
   app.add_option("--cpus", o.cpus,
-                 "CPU cores this node offers for placement (default: all)");
+                 "CPU cores this node offers, for placement and as the "
+                 "instances' CPU quota together (default: all, no quota)");
   uint64_t memory_mib = 0;
   app.add_option("--memory", memory_mib,
-                 "Memory in MiB this node offers for placement (default: "
-                 "all)");
+                 "Memory in MiB this node offers, for placement and as the "
+                 "instances' memory limit together (default: all, no limit)");
+  double drain_timeout_s = 30;
+  app.add_option("--drain-timeout", drain_timeout_s,
+                 "On SIGTERM, seconds to wait for this node's memory proclets "
+                 "to move to other nodes before stopping (0: do not drain)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   o.memory_bytes = memory_mib << 20;
   o.snapshots = !no_snapshots;
@@ -68,10 +80,13 @@ int main(int argc, char** argv) {
   o.idle_timeout = std::chrono::seconds(idle_s);
   o.report_interval = std::chrono::milliseconds(report_ms);
 
+  // SIGUSR1 is internal: the drain is over. Blocked in every thread (they
+  // inherit the mask) and taken by sigwait below.
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -83,13 +98,33 @@ int main(int argc, char** argv) {
   std::cout << "node " << (*inv)->node_name() << ", gateway " << o.gateway
             << "\n"
             << "listening on " << (*inv)->listen_address() << std::endl;
-  std::thread waiter([&] {
-    int sig = 0;
+  silt::invoker::Invoker* invoker = inv->get();
+  int sig = 0;
+  while (sigwait(&stop, &sig) == 0 && sig == SIGUSR1) {
+  }
+  std::thread drainer;
+  if (sig == SIGTERM && drain_timeout_s > 0) {
+    pthread_t self = pthread_self();
+    auto timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s * 1000));
+    // On stdout, as "listening on" is: supervisors and tests wait for it.
+    std::cout << "stopping: draining memory proclets to other nodes (at most "
+              << drain_timeout_s << " s; signal again to stop now)"
+              << std::endl;
+    drainer = std::thread([invoker, timeout, self] {
+      // Drain logs its outcome, including what will be lost.
+      invoker->Drain(timeout).IgnoreError();
+      pthread_kill(self, SIGUSR1);
+    });
     sigwait(&stop, &sig);
-    (*inv)->Shutdown();
-  });
-  (*inv)->Wait();
-  waiter.join();
+    if (sig != SIGUSR1)
+      fprintf(stderr,
+              "silt-invoker: %s during the drain: stopping now; proclets "
+              "still here will be lost\n",
+              sig == SIGINT ? "SIGINT" : "SIGTERM");
+  }
+  invoker->Shutdown();  // cancels a drain still in progress
+  if (drainer.joinable()) drainer.join();
   inv->reset();
   return 0;
 }

@@ -1074,9 +1074,15 @@ HttpResponse Api::HandleMetricsPort(const HttpRequest& req) {
     for (const auto& r : *recs)
       replicas[absl::StrCat(r.name, ".", r.ns)] = r.replicas;
   }
+  ProcletGauges proclets;
+  for (const auto& n : nodes_->Nodes())
+    proclets.nodes.push_back({n.name, n.shards, n.shard_bytes});
+  for (const auto& v : nodes_->directory()->List(""))
+    for (const auto& s : v.shards)
+      ++proclets.shards_by_state[ShardStateName(s.state)];
   HttpResponse r = HttpResponse::Empty(200);
   r.SetHeader("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-  r.body = metrics_->Render(replicas);
+  r.body = metrics_->Render(replicas, proclets);
   return r;
 }
 

@@ -127,10 +127,19 @@ absl::StatusOr<HttpResponse> Api::DeleteState(const HttpRequest& req,
 }
 
 absl::StatusOr<HttpResponse> Api::DrainNode(absl::string_view node) {
-  auto moved = nodes_->directory()->Drain(std::string(node));
-  if (!moved.ok()) return moved.status();
+  auto drained = nodes_->directory()->Drain(std::string(node));
+  if (!drained.ok()) return drained.status();
+  if (!drained->left.empty()) {
+    // The error says what did move, so that a retry is an informed one.
+    const absl::Status& why = drained->reason;
+    return absl::Status(
+        why.code(),
+        absl::StrCat("drained ", node, " partly: ", drained->moved.size(),
+                     " proclet(s) moved, ", drained->left.size(), " left (",
+                     drained->left_bytes, " bytes): ", why.message()));
+  }
   ordered_json out = {{"node", node}, {"moved", ordered_json::array()}};
-  for (const auto& r : *moved) out["moved"].push_back(MigrationJson(r));
+  for (const auto& r : drained->moved) out["moved"].push_back(MigrationJson(r));
   return HttpResponse::Json(200, out.dump());
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "invoker/proto/proclets.grpc.pb.h"
+#include "metrics.h"
 #include "silt/state_wire.h"
 
 namespace silt::gateway {
@@ -28,6 +29,8 @@ constexpr char kNextIdKey[] = "proclet-next-id";
 // Shards created or moved this recently may be missing from a node's report
 // (it was taken before they arrived).
 constexpr auto kReportGrace = std::chrono::seconds(3);
+// Shards changed (split, merged, moved) this recently do not merge.
+constexpr auto kMergeQuiet = std::chrono::seconds(2);
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
@@ -109,18 +112,24 @@ struct Directory::Impl {
   store::Store* store;
   DirectoryOptions options;
   NodeSource nodes;
+  Metrics* metrics = nullptr;
 
   absl::Mutex mu;
   std::map<std::string, pv1::Layout> layouts ABSL_GUARDED_BY(mu);  // by Key
   std::map<uint64_t, std::string> owner ABSL_GUARDED_BY(mu);       // id -> Key
   std::map<uint64_t, Clock::time_point> changed ABSL_GUARDED_BY(mu);
   uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
+  // Nodes being drained (Drain; once per drain in progress): nothing new is
+  // placed on them meanwhile.
+  std::multiset<std::string> draining ABSL_GUARDED_BY(mu);
   // One structural change (create, split, migrate, delete) at a time.
   absl::Mutex change_mu ABSL_ACQUIRED_BEFORE(mu);
 
   // Splits run here, off the report path.
   absl::Mutex work_mu;
   std::set<uint64_t> to_split ABSL_GUARDED_BY(work_mu);
+  // Lower shards of adjacent pairs small enough to merge.
+  std::set<uint64_t> to_merge ABSL_GUARDED_BY(work_mu);
   bool stopping ABSL_GUARDED_BY(work_mu) = false;
   std::thread worker;
 
@@ -151,6 +160,16 @@ struct Directory::Impl {
 
   std::vector<DirectoryNode> Live() {
     return nodes ? nodes() : std::vector<DirectoryNode>{};
+  }
+
+  // Live nodes that may take new shards: not leaving, not being drained.
+  std::vector<DirectoryNode> Placeable() {
+    std::vector<DirectoryNode> out;
+    std::vector<DirectoryNode> live = Live();
+    absl::MutexLock l(&mu);
+    for (auto& n : live)
+      if (!n.leaving && !draining.contains(n.name)) out.push_back(std::move(n));
+    return out;
   }
 
   static uint64_t Free(const DirectoryNode& n) {
@@ -237,7 +256,7 @@ struct Directory::Impl {
         return ToView(l2);
       }
     }
-    auto live = ByFreeMemory(Live());
+    auto live = ByFreeMemory(Placeable());
     if (live.empty())
       return absl::UnavailableError(
           "no invoker is connected to hold the state");
@@ -346,8 +365,12 @@ struct Directory::Impl {
     return MigrateLocked(id, node);
   }
 
-  absl::StatusOr<MigrationResult> MigrateLocked(uint64_t id,
-                                                const std::string& node)
+  // With `deadline`, the copy is abandoned (the shard stays) if it would run
+  // past it.
+  absl::StatusOr<MigrationResult> MigrateLocked(
+      uint64_t id, const std::string& node,
+      std::chrono::system_clock::time_point deadline =
+          std::chrono::system_clock::time_point::max())
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(change_mu) {
     auto live = Live();
     const DirectoryNode* target = nullptr;
@@ -356,6 +379,12 @@ struct Directory::Impl {
     if (target == nullptr)
       return absl::NotFoundError(
           absl::StrCat("no connected node named \"", node, "\""));
+    {
+      absl::MutexLock l(&mu);
+      if (target->leaving || draining.contains(node))
+        return absl::FailedPreconditionError(absl::StrCat(
+            "node ", node, " is being drained: it takes no proclets"));
+    }
     MigrationResult res;
     res.id = id;
     res.to = node;
@@ -388,8 +417,8 @@ struct Directory::Impl {
           "node ", res.from, " holding proclet ", id, " is not connected"));
     }
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(120));
+    ctx.set_deadline(std::min(deadline, std::chrono::system_clock::now() +
+                                            std::chrono::seconds(120)));
     pv1::MigrateShardRequest req;
     req.set_id(id);
     req.set_target_node(node);
@@ -399,8 +428,11 @@ struct Directory::Impl {
                        absl::StrCat("migrating proclet ", id));
     if (!st.ok()) {
       restore_state();
+      if (metrics) metrics->MigrationAborted();
       return st;
     }
+    if (metrics)
+      metrics->MigrationDone(out.total_ms() / 1e3, out.pause_ms() / 1e3);
     res.epoch = out.epoch();
     res.bytes = out.bytes();
     res.total_ms = out.total_ms();
@@ -423,13 +455,30 @@ struct Directory::Impl {
     return res;
   }
 
-  absl::StatusOr<std::vector<MigrationResult>> Drain(const std::string& node) {
+  absl::StatusOr<DrainResult> Drain(const std::string& node,
+                                    const DrainOptions& opts) {
+    {
+      bool known = false;
+      for (const auto& n : Live()) known |= n.name == node;
+      if (!known)
+        return absl::NotFoundError(
+            absl::StrCat("no connected node named \"", node, "\""));
+    }
+    // Marked before waiting for change_mu: a creation under way finishes
+    // first (and is then moved with the rest), later ones go elsewhere.
+    {
+      absl::MutexLock l(&mu);
+      draining.insert(node);
+    }
     absl::MutexLock change(&change_mu);
-    bool known = false;
-    for (const auto& n : Live()) known |= n.name == node;
-    if (!known)
-      return absl::NotFoundError(
-          absl::StrCat("no connected node named \"", node, "\""));
+    DrainResult out = DrainLocked(node, opts);
+    absl::MutexLock l(&mu);
+    draining.erase(draining.find(node));
+    return out;
+  }
+
+  DrainResult DrainLocked(const std::string& node, const DrainOptions& opts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(change_mu) {
     std::vector<std::pair<uint64_t, uint64_t>> mine;  // id, bytes
     {
       absl::MutexLock l(&mu);
@@ -438,24 +487,52 @@ struct Directory::Impl {
           if (s.node() == node && s.state() == pv1::SHARD_ACTIVE)
             mine.emplace_back(s.id(), s.bytes());
     }
-    std::vector<MigrationResult> done;
+    DrainResult out;
+    auto stay = [&](uint64_t id, uint64_t bytes, absl::Status why) {
+      out.left.push_back(id);
+      out.left_bytes += bytes;
+      if (out.reason.ok()) out.reason = std::move(why);
+    };
     // Track promised bytes so a drain spreads over the other nodes.
     std::map<std::string, uint64_t> promised;
     for (auto& [id, bytes] : mine) {
+      if (opts.cancelled && opts.cancelled()) {
+        stay(id, bytes, absl::CancelledError("the drain was cancelled"));
+        continue;
+      }
+      if (std::chrono::system_clock::now() >= opts.deadline) {
+        stay(id, bytes,
+             absl::DeadlineExceededError("the drain ran out of time"));
+        continue;
+      }
       std::vector<DirectoryNode> others;
-      for (auto& n : Live())
+      for (auto& n : Placeable())
         if (n.name != node) others.push_back(n);
-      if (others.empty())
-        return absl::UnavailableError(
-            absl::StrCat("no other node to drain ", node, " to"));
+      if (others.empty()) {
+        stay(id, bytes,
+             absl::UnavailableError(
+                 absl::StrCat("no other node to drain ", node, " to")));
+        continue;
+      }
       for (auto& n : others) n.memory_used += promised[n.name];
       others = ByFreeMemory(std::move(others));
-      auto r = MigrateLocked(id, others.front().name);
-      if (!r.ok()) return r.status();
+      if (Free(others.front()) < bytes) {
+        stay(id, bytes,
+             absl::ResourceExhaustedError(
+                 absl::StrCat("no other node has room for proclet ", id, " (",
+                              bytes, " bytes; most free: ", others.front().name,
+                              " with ", Free(others.front()), ")")));
+        continue;
+      }
+      auto r = MigrateLocked(id, others.front().name, opts.deadline);
+      if (!r.ok()) {
+        stay(id, bytes, r.status());
+        continue;
+      }
       promised[others.front().name] += bytes;
-      done.push_back(*std::move(r));
+      out.moved.push_back(*std::move(r));
     }
-    return done;
+    return out;
   }
 
   void Report(const std::string& node, const std::vector<Held>& held) {
@@ -488,10 +565,110 @@ struct Directory::Impl {
         Persist(layout).IgnoreError();
       }
     }
-    if (!split.empty()) {
+    std::vector<uint64_t> merge;
+    for (auto& [key, layout] : layouts)
+      for (int i = 0; i + 1 < layout.shards_size(); ++i)
+        if (Mergeable(layout, i, now)) merge.push_back(layout.shards(i).id());
+    if (!split.empty() || !merge.empty()) {
       absl::MutexLock w(&work_mu);
       to_split.insert(split.begin(), split.end());
+      to_merge.insert(merge.begin(), merge.end());
     }
+  }
+
+  // Whether shards i and i+1 of the layout (sorted by lo) should merge: both
+  // serving, adjacent, not changed lately, and together under a quarter of
+  // the split size (so that the merged shard is far from splitting again).
+  bool Mergeable(const pv1::Layout& layout, int i, Clock::time_point now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (layout.kind() == pv1::KIND_QUEUE || layout.max_shard_bytes() == 0)
+      return false;
+    const auto& a = layout.shards(i);
+    const auto& b = layout.shards(i + 1);
+    if (a.state() != pv1::SHARD_ACTIVE || b.state() != pv1::SHARD_ACTIVE ||
+        a.hi() != b.lo() ||
+        a.bytes() + b.bytes() >= layout.max_shard_bytes() / 4)
+      return false;
+    for (uint64_t id : {a.id(), b.id()}) {
+      auto c = changed.find(id);
+      if (c != changed.end() && now - c->second < kMergeQuiet) return false;
+    }
+    return true;
+  }
+
+  // Merges shard `lower` with the one right above it: the upper one moves to
+  // lower's node first if it lives elsewhere, then lower absorbs it there.
+  void MergeOne(uint64_t lower) {
+    absl::MutexLock change(&change_mu);
+    uint64_t upper = 0;
+    std::string node, upper_node;
+    {
+      absl::MutexLock l(&mu);
+      pv1::Layout* layout = LayoutOf(lower);
+      if (layout == nullptr) return;
+      int i = 0;
+      while (i < layout->shards_size() && layout->shards(i).id() != lower) ++i;
+      if (i + 1 >= layout->shards_size() ||
+          !Mergeable(*layout, i, Clock::now()))
+        return;
+      node = layout->shards(i).node();
+      upper = layout->shards(i + 1).id();
+      upper_node = layout->shards(i + 1).node();
+      if (draining.contains(node) || draining.contains(upper_node)) return;
+    }
+    const DirectoryNode* holder = nullptr;
+    auto live = Live();
+    for (const auto& n : live)
+      if (n.name == node) holder = &n;
+    if (holder == nullptr || holder->leaving) return;
+    if (upper_node != node) {
+      auto r = MigrateLocked(upper, node);
+      if (!r.ok()) {
+        fprintf(stderr, "silt-gateway: merging proclets %llu and %llu: %s\n",
+                static_cast<unsigned long long>(lower),
+                static_cast<unsigned long long>(upper),
+                std::string(r.status().message()).c_str());
+        return;
+      }
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    pv1::MergeShardsRequest req;
+    req.set_keep(lower);
+    req.set_absorb(upper);
+    pv1::MergeShardsResponse res;
+    auto st =
+        FromGrpc(StubFor(*holder)->MergeShards(&ctx, req, &res),
+                 absl::StrCat("merging proclets ", lower, " and ", upper));
+    if (!st.ok()) {
+      fprintf(stderr, "silt-gateway: %s\n", std::string(st.message()).c_str());
+      return;
+    }
+    {
+      absl::MutexLock l(&mu);
+      pv1::Layout* layout = LayoutOf(lower);
+      if (layout == nullptr) return;
+      pv1::ShardLocation* loc = LocOf(layout, lower);
+      loc->set_hi(res.merged().hi());
+      loc->set_bytes(res.merged().bytes());
+      loc->set_count(res.merged().count());
+      auto* shards = layout->mutable_shards();
+      for (int i = 0; i < shards->size(); ++i) {
+        if (shards->Get(i).id() == upper) {
+          shards->DeleteSubrange(i, 1);
+          break;
+        }
+      }
+      layout->set_version(layout->version() + 1);
+      owner.erase(upper);
+      changed[lower] = Clock::now();
+      changed.erase(upper);
+      Persist(*layout).IgnoreError();
+    }
+    // The absorbed shard forwarded to `lower` meanwhile; callers that still
+    // name it get MOVED and re-read the layout.
+    DropOn(*holder, {upper});
   }
 
   void NodeGone(const std::string& node) {
@@ -531,13 +708,15 @@ struct Directory::Impl {
           layout->kind() == pv1::KIND_QUEUE)
         return;
       node = loc->node();
+      // A drain moves it whole; its node takes nothing new.
+      if (draining.contains(node)) return;
       new_id = next_id++;
     }
     auto live = Live();
     const DirectoryNode* holder = nullptr;
     for (const auto& n : live)
       if (n.name == node) holder = &n;
-    if (holder == nullptr) return;
+    if (holder == nullptr || holder->leaving) return;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(30));
@@ -575,7 +754,7 @@ struct Directory::Impl {
       changed[id] = changed[new_id] = Clock::now();
       Persist(*layout).IgnoreError();
     }
-    auto ranked = ByFreeMemory(live);
+    auto ranked = ByFreeMemory(Placeable());
     if (!ranked.empty() && ranked.front().name != node &&
         Free(ranked.front()) > Free(*holder)) {
       auto r = MigrateLocked(new_id, ranked.front().name);
@@ -588,21 +767,33 @@ struct Directory::Impl {
   void WorkLoop() {
     while (true) {
       uint64_t id;
+      bool merge = false;
       {
         absl::MutexLock l(&work_mu);
         work_mu.AwaitWithTimeout(
             absl::Condition(
                 +[](Impl* i) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                  return i->stopping || !i->to_split.empty();
+                  return i->stopping || !i->to_split.empty() ||
+                         !i->to_merge.empty();
                 },
                 this),
             absl::Milliseconds(500));
         if (stopping) return;
-        if (to_split.empty()) continue;
-        id = *to_split.begin();
-        to_split.erase(to_split.begin());
+        if (!to_split.empty()) {
+          id = *to_split.begin();
+          to_split.erase(to_split.begin());
+        } else if (!to_merge.empty()) {
+          id = *to_merge.begin();
+          to_merge.erase(to_merge.begin());
+          merge = true;
+        } else {
+          continue;
+        }
       }
-      SplitOne(id);
+      if (merge)
+        MergeOne(id);
+      else
+        SplitOne(id);
     }
   }
 };
@@ -611,9 +802,11 @@ Directory::Directory(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Directory::~Directory() = default;
 
 absl::StatusOr<std::unique_ptr<Directory>> Directory::Open(
-    store::Store* store, DirectoryOptions options, NodeSource nodes) {
+    store::Store* store, DirectoryOptions options, NodeSource nodes,
+    Metrics* metrics) {
   auto impl = std::make_unique<Impl>();
   impl->store = store;
+  impl->metrics = metrics;
   impl->options = options;
   impl->nodes = std::move(nodes);
   auto rows = store->Scan(store::Table::kProclets, "");
@@ -682,9 +875,9 @@ absl::StatusOr<MigrationResult> Directory::Migrate(uint64_t id,
   return impl_->Migrate(id, node);
 }
 
-absl::StatusOr<std::vector<MigrationResult>> Directory::Drain(
-    const std::string& node) {
-  return impl_->Drain(node);
+absl::StatusOr<DrainResult> Directory::Drain(const std::string& node,
+                                             const DrainOptions& options) {
+  return impl_->Drain(node, options);
 }
 
 void Directory::Report(const std::string& node, const std::vector<Held>& held) {

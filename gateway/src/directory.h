@@ -8,6 +8,7 @@
 #ifndef SILT_GATEWAY_DIRECTORY_H_
 #define SILT_GATEWAY_DIRECTORY_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,6 +24,8 @@ class Channel;
 }
 
 namespace silt::gateway {
+
+class Metrics;
 
 enum class StructureKind { kMap = 1, kVector = 2, kQueue = 3 };
 enum class ShardState { kActive = 1, kMigrating = 2, kLost = 3 };
@@ -58,6 +61,7 @@ struct DirectoryNode {
   uint64_t memory = 0;       // capacity
   uint64_t memory_used = 0;  // instances + shards, as last reported
   std::shared_ptr<grpc::Channel> channel;
+  bool leaving = false;  // asked to be drained before it stops: place nothing
 };
 
 struct MigrationResult {
@@ -66,6 +70,23 @@ struct MigrationResult {
   uint64_t epoch = 0, bytes = 0;
   double total_ms = 0, pause_ms = 0;
   uint32_t rounds = 0;
+};
+
+struct DrainOptions {
+  // No migration starts after this, and none runs past it.
+  std::chrono::system_clock::time_point deadline =
+      std::chrono::system_clock::time_point::max();
+  // Checked between migrations: true stops the drain (the caller gave up).
+  std::function<bool()> cancelled;
+};
+
+struct DrainResult {
+  std::vector<MigrationResult> moved;
+  // Proclets still on the node, their bytes, and why the first of them did
+  // not move (OK when none is left).
+  std::vector<uint64_t> left;
+  uint64_t left_bytes = 0;
+  absl::Status reason;
 };
 
 struct DirectoryOptions {
@@ -78,8 +99,10 @@ struct DirectoryOptions {
 class Directory {
  public:
   using NodeSource = std::function<std::vector<DirectoryNode>()>;
+  // `metrics` (may be null; outlives the directory) counts migrations.
   static absl::StatusOr<std::unique_ptr<Directory>> Open(
-      store::Store* store, DirectoryOptions options, NodeSource nodes);
+      store::Store* store, DirectoryOptions options, NodeSource nodes,
+      Metrics* metrics = nullptr);
   ~Directory();
 
   // The structure, created (shards placed by free memory) when absent.
@@ -102,11 +125,17 @@ class Directory {
   void DeleteNamespace(const std::string& ns);
 
   // Moves one shard to `node` (live). NotFound: no such shard or node;
-  // FailedPrecondition: lost or already moving; InvalidArgument: already
-  // there.
+  // FailedPrecondition: lost or already moving, or `node` is leaving;
+  // InvalidArgument: already there.
   absl::StatusOr<MigrationResult> Migrate(uint64_t id, const std::string& node);
-  // Moves every shard off `node` to the others (most free memory first).
-  absl::StatusOr<std::vector<MigrationResult>> Drain(const std::string& node);
+  // Moves every shard off `node` to the others: each to the node with the
+  // most free memory, if it fits there. Nothing new is placed on `node` while
+  // this runs (nor afterwards if the node is `leaving`). A shard that cannot
+  // move (no other node, no room, a failed copy, the deadline) stays and the
+  // drain goes on with the next; the result lists what stayed. NotFound: no
+  // connected node of that name.
+  absl::StatusOr<DrainResult> Drain(const std::string& node,
+                                    const DrainOptions& options = {});
 
   // From a node's load report: the shards it holds (id, bytes, count).
   struct Held {

@@ -77,9 +77,12 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   api_options.upstream_timeout = options.upstream_timeout;
   impl->bundles = std::make_unique<BundleStore>(impl->store.get(),
                                                 options.data_dir + "/bundles");
-  auto nodes = NodeRegistry::Start(
-      {.listen = options.grpc_listen, .node_timeout = options.node_timeout},
-      impl->store.get(), impl->bundles.get());
+  NodeRegistryOptions node_options{.listen = options.grpc_listen,
+                                   .node_timeout = options.node_timeout};
+  if (options.shard_split_bytes)
+    node_options.directory.default_max_shard_bytes = options.shard_split_bytes;
+  auto nodes = NodeRegistry::Start(node_options, impl->store.get(),
+                                   impl->bundles.get(), &impl->metrics);
   if (!nodes.ok()) return nodes.status();
   impl->nodes = *std::move(nodes);
   impl->api = std::make_unique<Api>(impl->store.get(), &impl->metrics,

@@ -23,14 +23,6 @@ std::string Num(double v) { return absl::StrCat(v); }
 
 }  // namespace
 
-void Metrics::Histogram::Observe(double v) {
-  for (size_t i = 0; i < kBuckets.size(); ++i) {
-    if (v <= kBuckets[i]) ++buckets[i];
-  }
-  ++count;
-  sum += v;
-}
-
 void Metrics::InvocationStarted(absl::string_view function) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = started_.find(function);
@@ -69,6 +61,26 @@ void Metrics::InstanceFailure(absl::string_view function,
   ++failures_[Key{std::string(function), std::string(reason)}];
 }
 
+void Metrics::MigrationDone(double seconds, double pause_seconds) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++migrations_ok_;
+  migration_seconds_.Observe(kMigrationBuckets, seconds);
+  migration_pause_seconds_.Observe(kMigrationBuckets, pause_seconds);
+}
+
+void Metrics::MigrationAborted() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++migrations_aborted_;
+}
+
+void Metrics::StateOps(absl::string_view node, uint64_t ops) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = state_ops_.find(node);
+  if (it == state_ops_.end())
+    it = state_ops_.emplace(std::string(node), 0).first;
+  it->second += ops;
+}
+
 double Metrics::InvocationCount(absl::string_view function) const {
   std::lock_guard<std::mutex> l(mu_);
   double total = 0;
@@ -79,19 +91,26 @@ double Metrics::InvocationCount(absl::string_view function) const {
   return total;
 }
 
-std::string Metrics::Render(
-    const std::map<std::string, uint64_t>& replicas) const {
+std::string Metrics::Render(const std::map<std::string, uint64_t>& replicas,
+                            const ProcletGauges& proclets) const {
   std::lock_guard<std::mutex> l(mu_);
   std::string out;
-  auto histogram = [&out](absl::string_view name, absl::string_view labels,
-                          const Histogram& h) {
-    for (size_t i = 0; i < kBuckets.size(); ++i) {
-      absl::StrAppend(&out, name, "_bucket{", labels, ",le=\"",
-                      Num(kBuckets[i]), "\"} ", h.buckets[i], "\n");
+  // `labels` may be empty (a histogram without labels).
+  auto any_histogram = [&out](absl::string_view name, absl::string_view labels,
+                              const auto& bounds, const auto& h) {
+    std::string sep = labels.empty() ? "" : ",";
+    for (size_t i = 0; i < bounds.size(); ++i) {
+      absl::StrAppend(&out, name, "_bucket{", labels, sep, "le=\"",
+                      Num(bounds[i]), "\"} ", h.buckets[i], "\n");
     }
-    absl::StrAppend(&out, name, "_bucket{", labels, ",le=\"+Inf\"} ", h.count,
-                    "\n", name, "_sum{", labels, "} ", Num(h.sum), "\n", name,
-                    "_count{", labels, "} ", h.count, "\n");
+    std::string braces = labels.empty() ? "" : absl::StrCat("{", labels, "}");
+    absl::StrAppend(&out, name, "_bucket{", labels, sep, "le=\"+Inf\"} ",
+                    h.count, "\n", name, "_sum", braces, " ", Num(h.sum), "\n",
+                    name, "_count", braces, " ", h.count, "\n");
+  };
+  auto histogram = [&](absl::string_view name, absl::string_view labels,
+                       const Histogram& h) {
+    any_histogram(name, labels, kBuckets, h);
   };
 
   out += "# HELP gateway_function_invocation_total Function metrics\n";
@@ -142,6 +161,56 @@ std::string Metrics::Render(
     absl::StrAppend(&out, "silt_instance_failures_total{function_name=\"",
                     Escape(k.first), "\",reason=\"", k.second, "\"} ", v, "\n");
   }
+  // ---- memory proclets ----
+  out += "# HELP silt_proclets Memory proclets (shards) held by a node\n";
+  out += "# TYPE silt_proclets gauge\n";
+  for (const auto& n : proclets.nodes)
+    absl::StrAppend(&out, "silt_proclets{node=\"", Escape(n.name), "\"} ",
+                    n.proclets, "\n");
+  out +=
+      "# HELP silt_proclet_bytes Arena bytes of the memory proclets a node "
+      "holds\n";
+  out += "# TYPE silt_proclet_bytes gauge\n";
+  for (const auto& n : proclets.nodes)
+    absl::StrAppend(&out, "silt_proclet_bytes{node=\"", Escape(n.name), "\"} ",
+                    n.bytes, "\n");
+  out +=
+      "# HELP silt_proclet_shards Shards in the proclet directory, by "
+      "state\n";
+  out += "# TYPE silt_proclet_shards gauge\n";
+  for (const char* state : {"active", "migrating", "lost"}) {
+    auto it = proclets.shards_by_state.find(state);
+    absl::StrAppend(&out, "silt_proclet_shards{state=\"", state, "\"} ",
+                    it == proclets.shards_by_state.end() ? 0 : it->second,
+                    "\n");
+  }
+  out +=
+      "# HELP silt_proclet_migrations_total Live proclet migrations, by "
+      "outcome (aborted: the proclet stayed where it was)\n";
+  out += "# TYPE silt_proclet_migrations_total counter\n";
+  absl::StrAppend(&out, "silt_proclet_migrations_total{outcome=\"ok\"} ",
+                  migrations_ok_, "\n",
+                  "silt_proclet_migrations_total{outcome=\"aborted\"} ",
+                  migrations_aborted_, "\n");
+  out +=
+      "# HELP silt_proclet_migration_seconds Time a committed proclet "
+      "migration took, pre-copy included\n";
+  out += "# TYPE silt_proclet_migration_seconds histogram\n";
+  any_histogram("silt_proclet_migration_seconds", "", kMigrationBuckets,
+                migration_seconds_);
+  out +=
+      "# HELP silt_proclet_migration_pause_seconds Time a committed proclet "
+      "migration held writes\n";
+  out += "# TYPE silt_proclet_migration_pause_seconds histogram\n";
+  any_histogram("silt_proclet_migration_pause_seconds", "", kMigrationBuckets,
+                migration_pause_seconds_);
+  out +=
+      "# HELP silt_proclet_ops_total State operations served by the proclets "
+      "of a node\n";
+  out += "# TYPE silt_proclet_ops_total counter\n";
+  for (const auto& [node, v] : state_ops_)
+    absl::StrAppend(&out, "silt_proclet_ops_total{node=\"", Escape(node),
+                    "\"} ", v, "\n");
   out += "# HELP provider_http_requests_total Total HTTP requests processed\n";
   out += "# TYPE provider_http_requests_total counter\n";
   for (const auto& [k, v] : http_total_) {

@@ -9,11 +9,24 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
 namespace silt::gateway {
 
+// Memory proclets as they are when the metrics are scraped (gauges).
+struct ProcletGauges {
+  struct Node {
+    std::string name;
+    uint64_t proclets = 0;  // shards held, as last reported
+    uint64_t bytes = 0;
+  };
+  std::vector<Node> nodes;
+  std::map<std::string, uint64_t> shards_by_state;  // active, migrating, lost
+};
+
+// Thread-safe; counters only grow for the life of the gateway.
 class Metrics {
  public:
   // `function` is "name.namespace", as OpenFaaS labels it.
@@ -29,18 +42,42 @@ class Metrics {
              double seconds);
   void InstanceFailure(absl::string_view function, absl::string_view reason);
 
-  // The exposition text. `replicas` fills gateway_service_count.
-  std::string Render(const std::map<std::string, uint64_t>& replicas) const;
+  // A live proclet migration committed after `seconds`, holding writes for
+  // `pause_seconds` of them; or one that was abandoned (the proclet stayed
+  // where it was).
+  void MigrationDone(double seconds, double pause_seconds);
+  void MigrationAborted();
+  // `ops` more state operations were served by proclets on `node`.
+  void StateOps(absl::string_view node, uint64_t ops);
+
+  // The exposition text. `replicas` fills gateway_service_count, `proclets`
+  // the proclet gauges.
+  std::string Render(const std::map<std::string, uint64_t>& replicas,
+                     const ProcletGauges& proclets = {}) const;
 
  private:
   static constexpr std::array<double, 11> kBuckets = {
       0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
-  struct Histogram {
-    std::array<uint64_t, kBuckets.size()> buckets{};
+  // Migrations take milliseconds and hold writes for less.
+  static constexpr std::array<double, 14> kMigrationBuckets = {
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+      0.025,  0.05,    0.1,    0.25,  0.5,    1,     5};
+  template <size_t N>
+  struct BasicHistogram {
+    std::array<uint64_t, N> buckets{};
     uint64_t count = 0;
     double sum = 0;
-    void Observe(double v);
+    void Observe(const std::array<double, N>& bounds, double v) {
+      for (size_t i = 0; i < N; ++i)
+        if (v <= bounds[i]) ++buckets[i];
+      ++count;
+      sum += v;
+    }
   };
+  struct Histogram : BasicHistogram<kBuckets.size()> {
+    void Observe(double v) { BasicHistogram::Observe(kBuckets, v); }
+  };
+  using MigrationHistogram = BasicHistogram<kMigrationBuckets.size()>;
   using Key = std::pair<std::string, std::string>;
 
   mutable std::mutex mu_;
@@ -52,6 +89,9 @@ class Metrics {
   std::map<std::array<std::string, 3>, Histogram> http_seconds_;
   std::map<Key, Histogram> start_seconds_;  // (function, tier)
   std::map<Key, uint64_t> failures_;        // (function, reason)
+  uint64_t migrations_ok_ = 0, migrations_aborted_ = 0;
+  MigrationHistogram migration_seconds_, migration_pause_seconds_;
+  std::map<std::string, uint64_t, std::less<>> state_ops_;  // by node
 };
 
 }  // namespace silt::gateway

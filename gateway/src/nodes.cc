@@ -104,6 +104,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     std::string data_address;
     uint64_t shard_bytes = 0;
     uint32_t shards = 0;
+    uint64_t state_ops = 0;  // cumulative, as last reported
+    bool leaving = false;    // asked to be drained (Drain): place nothing here
     grpc::ServerContext* ctx = nullptr;
     grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream =
         nullptr;
@@ -119,6 +121,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   NodeRegistryOptions options;
   store::Store* store;
   BundleStore* bundles;
+  Metrics* metrics = nullptr;
   std::unique_ptr<grpc::Server> server;
   std::string address;
   std::unique_ptr<Directory> directory;
@@ -312,6 +315,13 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
         held.push_back({sh.id(), sh.bytes(), sh.count()});
       directory->Report(node->name, held);
       std::lock_guard<std::mutex> l(mu);
+      if (metrics) {
+        // Cumulative on the node; a smaller count is a restarted count.
+        uint64_t ops = m.report().state_ops();
+        metrics->StateOps(node->name,
+                          ops >= node->state_ops ? ops - node->state_ops : ops);
+      }
+      node->state_ops = m.report().state_ops();
       node->last_seen = Clock::now();
       node->shard_bytes = m.report().shard_bytes();
       node->shards = static_cast<uint32_t>(held.size());
@@ -410,6 +420,47 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     return grpc::Status::OK;
   }
 
+  // A node that is stopping: from now on it takes no new proclets, and the
+  // ones it holds move to the others. Runs on this handler thread for as long
+  // as the migrations take (bounded by the caller's deadline).
+  grpc::Status Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
+                     v1::DrainReply* res) override {
+    const std::string& name = req->node_name();
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto it = nodes.find(name);
+      if (it == nodes.end())
+        return grpc::Status(
+            grpc::StatusCode::NOT_FOUND,
+            absl::StrCat("no connected node named \"", name, "\""));
+      it->second->leaving = true;
+    }
+    DrainOptions o;
+    o.deadline = ctx->deadline();
+    o.cancelled = [ctx] { return ctx->IsCancelled(); };
+    auto r = directory->Drain(name, o);
+    if (!r.ok())
+      return grpc::Status(static_cast<grpc::StatusCode>(r.status().code()),
+                          std::string(r.status().message()));
+    uint64_t bytes = 0;
+    for (const auto& m : r->moved) bytes += m.bytes;
+    res->set_moved(static_cast<uint32_t>(r->moved.size()));
+    res->set_moved_bytes(bytes);
+    for (uint64_t id : r->left) res->add_left(id);
+    res->set_left_bytes(r->left_bytes);
+    if (!r->reason.ok()) {
+      res->set_reason(std::string(r->reason.message()));
+      res->set_reason_code(static_cast<int32_t>(r->reason.code()));
+    }
+    fprintf(stderr,
+            "silt-gateway: node %s is leaving: %zu proclet(s) moved off it, "
+            "%zu left%s%s\n",
+            name.c_str(), r->moved.size(), r->left.size(),
+            r->left.empty() ? "" : " (lost when it stops): ",
+            res->reason().c_str());
+    return grpc::Status::OK;
+  }
+
   // Live nodes for the directory.
   std::vector<DirectoryNode> DirectoryNodes() {
     std::lock_guard<std::mutex> l(mu);
@@ -417,7 +468,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     for (auto& [n, node] : nodes) {
       if (node->data_address.empty()) continue;
       out.push_back({node->name, node->data_address, node->memory,
-                     node->memory_used, node->channel});
+                     node->memory_used, node->channel, node->leaving});
     }
     return out;
   }
@@ -713,9 +764,10 @@ NodeRegistry::~NodeRegistry() = default;
 
 absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
     const NodeRegistryOptions& options, store::Store* store,
-    BundleStore* bundles) {
+    BundleStore* bundles, Metrics* metrics) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->metrics = metrics;
   impl->store = store;
   impl->bundles = bundles;
   grpc::ServerBuilder builder;
@@ -736,8 +788,8 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
   if (host.empty()) host = "0.0.0.0";
   impl->address = absl::StrCat(host, ":", port);
   Impl* p = impl.get();
-  auto dir = Directory::Open(store, options.directory,
-                             [p] { return p->DirectoryNodes(); });
+  auto dir = Directory::Open(
+      store, options.directory, [p] { return p->DirectoryNodes(); }, metrics);
   if (!dir.ok()) return dir.status();
   impl->directory = *std::move(dir);
   impl->liveness = std::thread([p] { p->LivenessLoop(); });

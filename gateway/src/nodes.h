@@ -15,6 +15,7 @@
 #include "bundles.h"
 #include "directory.h"
 #include "http_types.h"
+#include "metrics.h"
 #include "store/store.h"
 
 namespace silt::gateway {
@@ -82,9 +83,10 @@ struct NodeRegistryOptions {
 
 class NodeRegistry {
  public:
+  // `metrics` (may be null) must outlive the registry.
   static absl::StatusOr<std::unique_ptr<NodeRegistry>> Start(
       const NodeRegistryOptions& options, store::Store* store,
-      BundleStore* bundles);
+      BundleStore* bundles, Metrics* metrics = nullptr);
   ~NodeRegistry();
 
   std::string address() const;

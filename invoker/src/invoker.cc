@@ -41,6 +41,7 @@
 #include "gpu/devices.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "invoker/proto/proclets.grpc.pb.h"
+#include "node_cgroup.h"
 #include "proclet_host.h"
 #include "proclets/bundle.h"
 #include "sandbox.h"
@@ -377,6 +378,14 @@ class ProcletService final : public pv1::ProcletHost::Service {
     *res = *std::move(r);
     return grpc::Status::OK;
   }
+  grpc::Status MergeShards(grpc::ServerContext*,
+                           const pv1::MergeShardsRequest* req,
+                           pv1::MergeShardsResponse* res) override {
+    auto r = host_->Merge(req->keep(), req->absorb());
+    if (!r.ok()) return ToGrpc(r.status());
+    *res->mutable_merged() = *std::move(r);
+    return grpc::Status::OK;
+  }
 
  private:
   ProcletHost* host_;
@@ -385,7 +394,10 @@ class ProcletService final : public pv1::ProcletHost::Service {
 struct Invoker::Impl final : public v1::Invoker::Service {
   Options options;
   std::string node_name;
-  std::string cgroup_id;   // names this invoker's cgroups: silt/<id>/<instance>
+  std::string cgroup_id;  // names this invoker's cgroups: silt/<id>/<instance>
+  // silt/<id>: the node's capacity, the parent of every instance's cgroup.
+  // Outlives the instances (members go in reverse order).
+  std::unique_ptr<NodeCgroup> node_cgroup;
   std::string worker_dir;  // DATA_DIR/bin: a private copy of silt-worker, bound
                            // into sandboxes
   uint32_t gpus = 0;  // GPUs found at start (reported; GPU proclets come later)
@@ -455,6 +467,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::thread tender;      // keeps ready restorers (TendLoop)
   bool tend_kick = false;  // under stop_mu: a restorer was taken
   std::atomic<grpc::ClientContext*> connect_ctx{nullptr};
+  grpc::ClientContext* drain_ctx = nullptr;  // under stop_mu: a Drain() call
 
   ~Impl() override {
     {
@@ -612,9 +625,21 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
     sb->hostname = spec.name();
     sb->cgroup = absl::StrCat("silt/", cgroup_id, "/", inst.id);
-    sb->memory_limit_bytes = spec.memory_limit_bytes();
-    sb->cpu_millis = spec.cpu_millis();
+    sb->memory_limit_bytes = MemoryLimit(spec);
+    sb->cpu_millis = CpuMillis(spec);
     return absl::OkStatus();
+  }
+
+  // An instance's own limits, at most the node's (its parent cgroup's): v1
+  // refuses a child CPU quota above its parent's, and a larger memory limit
+  // would only pretend. 0: none of its own (the node's still applies).
+  uint64_t MemoryLimit(const FunctionSpec& spec) const {
+    uint64_t own = spec.memory_limit_bytes(), node = options.memory_bytes;
+    return own > 0 && node > 0 ? std::min(own, node) : own;
+  }
+  uint64_t CpuMillis(const FunctionSpec& spec) const {
+    uint64_t own = spec.cpu_millis(), node = uint64_t{options.cpus} * 1000;
+    return own > 0 && node > 0 ? std::min(own, node) : own;
   }
 
   // Boot: a new sandbox, silt-worker, the function's init.
@@ -1316,9 +1341,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       close(*listener);
       return pid.status();
     }
-    auto cg = Cgroup::Create(absl::StrCat("silt/", cgroup_id, "/", inst->id),
-                             pool.spec.memory_limit_bytes(),
-                             pool.spec.cpu_millis(), 1024);
+    auto cg =
+        Cgroup::Create(absl::StrCat("silt/", cgroup_id, "/", inst->id),
+                       MemoryLimit(pool.spec), CpuMillis(pool.spec), 1024);
     if (!cg.ok()) {
       kill(*pid, SIGKILL);
       waitpid(*pid, nullptr, 0);
@@ -1408,9 +1433,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     pid_t host = HostPidOfChild(t->inst->proc->pid(), reply.body());
     if (host <= 0)
       return absl::InternalError("cannot find the forked clone's process");
-    auto cg = Cgroup::Create(absl::StrCat("silt/", cgroup_id, "/", inst->id),
-                             pool.spec.memory_limit_bytes(),
-                             pool.spec.cpu_millis(), 1024);
+    auto cg =
+        Cgroup::Create(absl::StrCat("silt/", cgroup_id, "/", inst->id),
+                       MemoryLimit(pool.spec), CpuMillis(pool.spec), 1024);
     if (!cg.ok()) {
       kill(host, SIGKILL);
       return cg.status();
@@ -2051,6 +2076,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       *r.add_shards() = std::move(info);
     }
     r.set_shard_bytes(shard_bytes);
+    r.set_state_ops(proclet_host->ops());
     r.mutable_used()->set_memory_bytes(mem + shard_bytes);
     std::set<std::string> resident;
     for (const auto& [key, pool] : pools)
@@ -2299,6 +2325,27 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     }
   }
   CleanupStaleCgroups("silt/" + impl->cgroup_id);
+  {
+    auto cg =
+        NodeCgroup::Create("silt/" + impl->cgroup_id, options.memory_bytes,
+                           uint64_t{options.cpus} * 1000);
+    if (!cg.ok())
+      return absl::Status(
+          cg.status().code(),
+          absl::StrCat("cannot enforce the node's capacity (--cpus, --memory) "
+                       "on its instances: ",
+                       cg.status().message()));
+    impl->node_cgroup = *std::move(cg);
+    if (options.cpus > 0 || options.memory_bytes > 0)
+      fprintf(stderr,
+              "silt-invoker: instances limited together to %s CPU(s) and %s "
+              "MiB of memory (cgroup %s)\n",
+              options.cpus > 0 ? std::to_string(options.cpus).c_str() : "all",
+              options.memory_bytes > 0
+                  ? std::to_string(options.memory_bytes >> 20).c_str()
+                  : "all",
+              impl->node_cgroup->memory_dir().c_str());
+  }
   if (auto favored = FavorCgroupMoves(); favored.ok())
     fprintf(stderr, "silt-invoker: fast cgroup moves (favordynmods) on %s\n",
             favored->c_str());
@@ -2346,6 +2393,77 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
 std::string Invoker::listen_address() const { return impl_->address; }
 std::string Invoker::node_name() const { return impl_->node_name; }
 
+absl::Status Invoker::Drain(std::chrono::milliseconds timeout) {
+  Impl& im = *impl_;
+  uint64_t n = 0, bytes = 0;  // proclets held here
+  auto count_held = [&] {
+    n = bytes = 0;
+    for (const auto& s : im.proclet_host->Shards()) {
+      ++n;
+      bytes += s.bytes();
+    }
+  };
+  count_held();
+  fprintf(stderr,
+          "silt-invoker: draining: asking the gateway to move the %llu "
+          "proclet(s) held here (%llu bytes) to other nodes (at most %lld "
+          "ms)\n",
+          static_cast<unsigned long long>(n),
+          static_cast<unsigned long long>(bytes),
+          static_cast<long long>(timeout.count()));
+  auto start = Clock::now();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  {
+    std::lock_guard<std::mutex> l(im.stop_mu);
+    if (im.stopping) return absl::CancelledError("the invoker is stopping");
+    im.drain_ctx = &ctx;
+  }
+  v1::DrainRequest req;
+  req.set_node_name(im.node_name);
+  v1::DrainReply res;
+  grpc::Status st = im.control->Drain(&ctx, req, &res);
+  {
+    std::lock_guard<std::mutex> l(im.stop_mu);
+    im.drain_ctx = nullptr;
+  }
+  double ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  // What is still here is what the node takes with it.
+  count_held();
+  absl::Status out;
+  if (!st.ok()) {
+    out = absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                       absl::StrCat("the gateway did not drain this node: ",
+                                    st.error_message()));
+  } else if (n > 0) {
+    out = res.reason_code() != 0
+              ? absl::Status(static_cast<absl::StatusCode>(res.reason_code()),
+                             res.reason())
+              : absl::UnavailableError("proclets are still held here");
+  }
+  if (out.ok()) {
+    fprintf(stderr,
+            "silt-invoker: drained: %u proclet(s) (%llu bytes) moved to other "
+            "nodes in %.0f ms; none left here\n",
+            res.moved(), static_cast<unsigned long long>(res.moved_bytes()),
+            ms);
+  } else if (n == 0) {
+    fprintf(stderr, "silt-invoker: drain: %s (no proclets held here)\n",
+            std::string(out.message()).c_str());
+    out = absl::OkStatus();  // nothing to lose
+  } else {
+    fprintf(stderr,
+            "silt-invoker: drain incomplete after %.0f ms: %u proclet(s) "
+            "moved; %llu proclet(s) (%llu bytes) are still here and WILL BE "
+            "LOST when this node stops: %s\n",
+            ms, res.moved(), static_cast<unsigned long long>(n),
+            static_cast<unsigned long long>(bytes),
+            std::string(out.message()).c_str());
+  }
+  return out;
+}
+
 void Invoker::Wait() {
   std::unique_lock<std::mutex> l(impl_->stop_mu);
   impl_->stop_cv.wait(l, [this] { return impl_->stopping; });
@@ -2355,6 +2473,7 @@ void Invoker::Shutdown() {
   {
     std::lock_guard<std::mutex> l(impl_->stop_mu);
     impl_->stopping = true;
+    if (impl_->drain_ctx) impl_->drain_ctx->TryCancel();
   }
   impl_->stop_cv.notify_all();
 }

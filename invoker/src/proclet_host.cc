@@ -149,6 +149,8 @@ struct HostedShard {
   // Halves split off this shard: requests whose hint is >= at go there.
   std::vector<std::pair<uint64_t, std::shared_ptr<HostedShard>>> splits
       ABSL_GUARDED_BY(mu);
+  // Set when merged into the shard below it: that one serves its range now.
+  std::shared_ptr<HostedShard> merged_into ABSL_GUARDED_BY(mu);
 
   proclets::Arena* arena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (map) return &map->arena();
@@ -421,7 +423,7 @@ struct ProcletHost::Impl {
         hs->mu.Unlock();
         return nullptr;
       }
-      std::shared_ptr<HostedShard> next;
+      std::shared_ptr<HostedShard> next = hs->merged_into;
       for (auto& [at, child] : hs->splits)
         if (hint >= at) next = child;
       if (!next && hint >= hs->info.lo() &&
@@ -513,9 +515,12 @@ struct ProcletHost::Impl {
           w.U8(had ? 1 : 0);
           return out;
         }
-        case StateOp::kMapSize:
+        case StateOp::kMapSize:  // count, then who answered: id, lo, hi
           out.push_back(0);
           w.U64(m.count());
+          w.U64(s.info.id());
+          w.U64(s.info.lo());
+          w.U64(s.info.hi());
           return out;
         // Keys this shard does not cover (it split since the caller's
         // layout was cached) come back marked, for the caller to re-route.
@@ -651,6 +656,9 @@ struct ProcletHost::Impl {
         case StateOp::kQueueSize:
           out.push_back(0);
           w.U64(q.count());
+          w.U64(s.info.id());
+          w.U64(s.info.lo());
+          w.U64(s.info.hi());
           return out;
         default:
           break;
@@ -901,21 +909,46 @@ struct ProcletHost::Impl {
   }
 
   // Runs op on every shard of the structure and gives each reply to fn.
-  std::string Broadcast(const std::string& ns, const std::string& name,
-                        StateKind kind, StateOp op,
-                        const std::function<bool(wire::Reader&)>& fn) {
-    auto layout = GetLayout(ns, name, kind, false);
-    if (!layout.ok())
-      return Error(CodeOf(layout.status()), layout.status().message());
-    std::vector<uint64_t> los;
-    for (const auto& s : (*layout)->shards()) los.push_back(s.lo());
-    for (uint64_t lo : los) {
-      std::string reply = Route(ns, name, kind, lo, op, {});
-      if (reply[0] != 0) return reply;
-      wire::Reader r(std::string_view(reply).substr(1));
-      if (!fn(r)) return Error(StateCode::kInternal, "bad shard reply");
+  // Sums a count over every shard of the structure (kMapSize, kQueueSize).
+  // Each shard says which range it answered for; a layout gone stale (a split
+  // or merge since it was cached) shows as a range counted twice or not at
+  // all, and the sum starts over on a fresh layout.
+  std::string SumOverShards(const std::string& ns, const std::string& name,
+                            StateKind kind, StateOp op) {
+    for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      auto layout = GetLayout(ns, name, kind, attempt > 0);
+      if (!layout.ok())
+        return Error(CodeOf(layout.status()), layout.status().message());
+      std::vector<uint64_t> los;
+      for (const auto& s : (*layout)->shards()) los.push_back(s.lo());
+      std::map<uint64_t, std::pair<uint64_t, uint64_t>> seen;  // lo -> hi, n
+      bool stale = false;
+      for (uint64_t lo : los) {
+        std::string reply = Route(ns, name, kind, lo, op, {});
+        if (reply[0] != 0) return reply;
+        wire::Reader r(std::string_view(reply).substr(1));
+        uint64_t n, id, slo, shi;
+        if (!r.U64(&n) || !r.U64(&id) || !r.U64(&slo) || !r.U64(&shi))
+          return Error(StateCode::kInternal, "bad shard reply");
+        if (slo != lo) stale = true;  // answered by a merged or split shard
+        seen[slo] = {shi, n};
+      }
+      // The answers must tile [0, open end) exactly.
+      uint64_t at = 0, total = 0;
+      for (auto& [lo, hi_n] : seen) {
+        if (lo != at) stale = true;
+        at = hi_n.first;
+        total += hi_n.second;
+      }
+      if (at != kOpenEnd) stale = true;
+      if (stale) continue;
+      std::string out(1, '\0');
+      wire::Writer(&out).U64(total);
+      return out;
     }
-    return Reply(StateCode::kOk);
+    return Error(StateCode::kUnavailable,
+                 absl::StrCat("state \"", name,
+                              "\": its shards kept splitting or moving"));
   }
 
   std::string HandleInstance(const std::string& ns, std::string_view req) {
@@ -967,19 +1000,8 @@ struct ProcletHost::Impl {
         return Route(ns, name, kind, proclets::KeyHash(key), op, args);
       }
       case StateOp::kMapSize:
-      case StateOp::kQueueSize: {
-        uint64_t total = 0;
-        std::string res = Broadcast(ns, name, kind, op, [&](wire::Reader& rr) {
-          uint64_t n;
-          if (!rr.U64(&n)) return false;
-          total += n;
-          return true;
-        });
-        if (res[0] != 0) return res;
-        std::string out(1, '\0');
-        wire::Writer(&out).U64(total);
-        return out;
-      }
+      case StateOp::kQueueSize:
+        return SumOverShards(ns, name, kind, op);
       case StateOp::kMapMultiGet:
       case StateOp::kMapMultiPut:
         return MultiOp(ns, name, op, args);
@@ -1492,6 +1514,46 @@ absl::StatusOr<pv1::SplitShardResponse> ProcletHost::Split(uint64_t id,
   return res;
 }
 
+absl::StatusOr<pv1::ShardInfo> ProcletHost::Merge(uint64_t keep_id,
+                                                  uint64_t absorb_id) {
+  std::shared_ptr<HostedShard> keep = impl_->Find(keep_id);
+  std::shared_ptr<HostedShard> absorb = impl_->Find(absorb_id);
+  if (!keep || !absorb || keep == absorb)
+    return absl::NotFoundError(absl::StrCat("shards ", keep_id, " and ",
+                                            absorb_id, " are not both here"));
+  // Lock order: by id.
+  HostedShard* first = keep_id < absorb_id ? keep.get() : absorb.get();
+  HostedShard* second = keep_id < absorb_id ? absorb.get() : keep.get();
+  absl::MutexLock l1(&first->mu);
+  absl::MutexLock l2(&second->mu);
+  auto busy = [](HostedShard& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(h.mu) {
+    return h.gone || h.frozen || h.merged_into || h.arena() == nullptr ||
+           h.arena()->tracking();
+  };
+  if (busy(*keep) || busy(*absorb))
+    return absl::FailedPreconditionError("one of the shards is moving");
+  if (keep->info.hi() != absorb->info.lo() ||
+      keep->info.kind() != absorb->info.kind())
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", absorb_id, " does not follow shard ", keep_id));
+  absl::Status s = absl::FailedPreconditionError("queues do not merge");
+  if (keep->map && absorb->map) s = keep->map->Absorb(*absorb->map);
+  if (keep->vec && absorb->vec) s = keep->vec->Absorb(*absorb->vec);
+  if (!s.ok()) return s;
+  // Children split off into what is keep's range again no longer apply.
+  std::erase_if(keep->splits, [&](const auto& split) {
+    return split.first >= keep->info.hi() && split.first < absorb->info.hi();
+  });
+  keep->info.set_hi(absorb->info.hi());
+  absorb->map.reset();
+  absorb->vec.reset();
+  absorb->merged_into = keep;
+  pv1::ShardInfo out = keep->info;
+  out.set_bytes(keep->arena()->used());
+  out.set_count(keep->count());
+  return out;
+}
+
 void ProcletHost::ForgetLayout(const std::string& ns, const std::string& name) {
   absl::MutexLock l(&impl_->layouts_mu);
   impl_->layouts.erase(Impl::LayoutKey(ns, name));
@@ -1510,7 +1572,7 @@ std::vector<pv1::ShardInfo> ProcletHost::Shards() const {
   std::vector<pv1::ShardInfo> out;
   for (auto& hs : all) {
     absl::MutexLock l(&hs->mu);
-    if (hs->gone) continue;
+    if (hs->gone || hs->merged_into) continue;
     pv1::ShardInfo info = hs->info;
     proclets::Arena* a = hs->arena();
     info.set_bytes(a ? a->used() : 0);

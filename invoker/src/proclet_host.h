@@ -60,6 +60,11 @@ class ProcletHost {
   // Splits a map or vector shard at its middle; the upper half becomes shard
   // `new_id` on this node. FailedPrecondition when it cannot split.
   absl::StatusOr<pv1::SplitShardResponse> Split(uint64_t id, uint64_t new_id);
+  // Merges shard `absorb` (the range right above `keep`'s, both held here)
+  // into `keep` and returns keep's new info. Requests for `absorb` are served
+  // by `keep` until the directory drops it. FailedPrecondition when they are
+  // not adjacent or one of them is moving.
+  absl::StatusOr<pv1::ShardInfo> Merge(uint64_t keep, uint64_t absorb);
   // Forget cached layouts of one structure (it was deleted or changed).
   void ForgetLayout(const std::string& ns, const std::string& name);
 

@@ -1134,4 +1134,13 @@ void CleanupStaleCgroups(const std::string& prefix) {
   }
 }
 
+bool CgroupV2() { return IsV2(); }
+
+std::string CgroupDir(const std::string& controller, const std::string& name) {
+  std::string root = controller.empty()
+                         ? "/sys/fs/cgroup" + OwnCgroup("")
+                         : ControllerRoot(controller) + OwnCgroup(controller);
+  return name.empty() ? root : root + "/" + name;
+}
+
 }  // namespace silt::invoker

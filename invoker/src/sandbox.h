@@ -148,6 +148,15 @@ absl::StatusOr<std::string> FavorCgroupMoves();
 // and removes the cgroups (restart into a consistent state).
 void CleanupStaleCgroups(const std::string& prefix);
 
+// Whether instances' cgroups are cgroup v2 (/sys/fs/cgroup is the unified
+// hierarchy); else they are in the v1 memory, cpu and pids hierarchies.
+bool CgroupV2();
+
+// The directory of cgroup `name` (relative to this process's own cgroup; ""
+// for that one) in the v1 hierarchy of `controller`, or with controller "" in
+// the v2 hierarchy.
+std::string CgroupDir(const std::string& controller, const std::string& name);
+
 }  // namespace silt::invoker
 
 #endif  // SILT_INVOKER_SANDBOX_H_

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 
 namespace silt::testing {
@@ -84,6 +85,7 @@ absl::StatusOr<Cluster::Node> Cluster::CreateNamespace(
     if (auto s = Ip(args); !s.ok()) return s;
   }
   (void)name;
+  node.link = inside;
   return node;
 }
 
@@ -139,6 +141,22 @@ absl::Status Cluster::AddNode(const NodeOptions& options) {
   auto line = p->WaitForLine("listening on ", std::chrono::seconds(30));
   if (!line.ok()) return line.status();
   it->second.process = std::make_unique<Process>(*std::move(p));
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::ShapeLink(const std::string& name,
+                                const std::string& qdisc) {
+  const Node& node = nodes_.at(name);
+  if (node.netns.empty())
+    return absl::FailedPreconditionError("shaping needs network namespaces");
+  std::vector<std::string> args = {"/usr/sbin/tc", "-n",  node.netns, "qdisc",
+                                   "replace",      "dev", node.link,  "root"};
+  for (absl::string_view w : absl::StrSplit(qdisc, ' ', absl::SkipEmpty()))
+    args.emplace_back(w);
+  auto r = RunCommand(args);
+  if (r.exit_code != 0)
+    return absl::InternalError(
+        absl::StrCat(absl::StrJoin(args, " "), ": ", r.err));
   return absl::OkStatus();
 }
 

@@ -57,6 +57,10 @@ class Cluster {
   // Stops a node with `sig` (SIGTERM: drains; SIGKILL: dies) and returns its
   // wait status; the node's namespace stays for a restart.
   int StopNode(const std::string& name, int sig);
+  // Puts a root qdisc on what the node sends (e.g. "tbf rate 50mbit burst
+  // 32kbit latency 400ms"; this kernel has no netem); needs network
+  // namespaces.
+  absl::Status ShapeLink(const std::string& name, const std::string& qdisc);
   // Waits until the gateway lists exactly `n` nodes.
   absl::Status WaitNodes(size_t n);
 
@@ -78,6 +82,7 @@ class Cluster {
   struct Node {
     std::string ip;
     std::string netns;  // empty without namespaces
+    std::string link;   // its end of the veth pair, inside netns
     std::unique_ptr<Process> process;
   };
   Cluster() = default;

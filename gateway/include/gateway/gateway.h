@@ -29,6 +29,9 @@ struct Options {
   // An invoker silent for this long is dropped; its replicas move to the
   // others.
   std::chrono::milliseconds node_timeout{std::chrono::seconds(5)};
+  // A state shard splits once it passes this many bytes (0: the directory's
+  // default, 16 MiB); structures may ask for less or more.
+  uint64_t shard_split_bytes = 0;
 };
 
 class Gateway {

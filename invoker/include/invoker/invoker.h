@@ -34,8 +34,10 @@ struct Options {
   bool fast_restore = true;
   // Memory the resident fork templates may use together; 0: no templates.
   uint64_t template_memory_bytes = uint64_t{1} << 30;
-  // This node's capacity as reported to the gateway (placement); 0: the
-  // machine's.
+  // This node's capacity: reported to the gateway (placement) and enforced
+  // on the instances together by their parent cgroup (silt/<node id>: CPU
+  // quota and memory limit; each instance's own limits apply below it). 0:
+  // the machine's, not limited.
   uint32_t cpus = 0;
   uint64_t memory_bytes = 0;
 };
@@ -53,7 +55,17 @@ class Invoker {
 
   std::string listen_address() const;
   std::string node_name() const;
+  // Before a planned stop: asks the gateway to move every memory proclet held
+  // here to the other nodes and waits for it, at most `timeout`. From the
+  // request on, the gateway places nothing new here; instances keep running
+  // and serving meanwhile. Logs the outcome. Returns OK when nothing is left
+  // here; otherwise why the rest will be lost when this node stops:
+  // Unavailable (no other node, or no gateway), ResourceExhausted (no other
+  // node has room), DeadlineExceeded, Cancelled (Shutdown() was called), or
+  // the failed migration's error. Thread-safe; meant to be called once.
+  absl::Status Drain(std::chrono::milliseconds timeout);
   void Wait();
+  // Stops Wait() and cancels a Drain() in progress. Thread-safe.
   void Shutdown();
 
  private:

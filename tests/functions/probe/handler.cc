@@ -116,6 +116,17 @@ silt::Response StateCall(std::string_view path, const silt::Request& req,
       return r.ok() ? silt::Response::Text(200, "ok")
                     : StateError(r.code(), r.message());
     }
+    if (op == "merase") {  // erases p0..p{n-1}; answers how many were there
+      int n = std::atoi(Param(req.query, "n").c_str());
+      std::string p = Param(req.query, "p");
+      int erased = 0;
+      for (int i = 0; i < n; ++i) {
+        auto r = m.Erase(p + std::to_string(i));
+        if (!r.ok()) return StateError(r.code(), r.message());
+        erased += *r;
+      }
+      return silt::Response::Text(200, std::to_string(erased));
+    }
     if (op == "mget") {  // how many of p0..p{n-1} hold v{i}
       int n = std::atoi(Param(req.query, "n").c_str());
       std::string p = Param(req.query, "p"), v = Param(req.query, "v");

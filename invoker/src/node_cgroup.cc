@@ -1,0 +1,108 @@
+#include "node_cgroup.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "sandbox.h"
+
+namespace silt::invoker {
+namespace {
+
+constexpr uint64_t kCpuPeriodUs = 100000;
+
+absl::Status Write(const std::string& path, const std::string& value) {
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return absl::InternalError(
+        absl::StrCat("open ", path, ": ", strerror(errno)));
+  ssize_t n = write(fd, value.data(), value.size());
+  int err = errno;
+  close(fd);
+  if (n != static_cast<ssize_t>(value.size()))
+    return absl::InternalError(
+        absl::StrCat("write \"", value, "\" to ", path, ": ", strerror(err)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NodeCgroup>> NodeCgroup::Create(
+    const std::string& name, uint64_t memory_bytes, uint64_t cpu_millis) {
+  std::unique_ptr<NodeCgroup> cg(new NodeCgroup());
+  auto make = [&](const std::string& dir) -> absl::Status {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec)
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create cgroup ", dir, ": ", ec.message()));
+    cg->dirs_.push_back(dir);
+    return absl::OkStatus();
+  };
+  std::string quota = cpu_millis > 0 ? std::to_string(cpu_millis * 100) : "";
+  if (CgroupV2()) {
+    std::string dir = CgroupDir("", name);
+    if (auto s = make(dir); !s.ok()) return s;
+    cg->memory_dir_ = cg->cpu_dir_ = dir;
+    // Controllers reach a cgroup only through its ancestors' subtree_control:
+    // from this process's own cgroup down to `dir` (whose children are the
+    // instances). Writing the top one fails while processes live in it; the
+    // limit writes below say so if that matters.
+    std::filesystem::path own = CgroupDir("", "");
+    std::filesystem::path at = own;
+    std::vector<std::filesystem::path> chain = {own};
+    for (const auto& part : std::filesystem::path(name)) {
+      at /= part;
+      chain.push_back(at);
+    }
+    for (const auto& p : chain)
+      Write((p / "cgroup.subtree_control").string(), "+cpu +memory +pids")
+          .IgnoreError();  // see above
+    if (auto s = Write(dir + "/memory.max",
+                       memory_bytes > 0 ? std::to_string(memory_bytes) : "max");
+        !s.ok())
+      return s;
+    if (auto s = Write(
+            dir + "/cpu.max",
+            absl::StrCat(quota.empty() ? "max" : quota, " ", kCpuPeriodUs));
+        !s.ok())
+      return s;
+    return cg;
+  }
+  std::string mem = CgroupDir("memory", name);
+  if (auto s = make(mem); !s.ok()) return s;
+  cg->memory_dir_ = mem;
+  std::string limit = memory_bytes > 0 ? std::to_string(memory_bytes) : "-1";
+  // memsw (memory + swap) must stay >= the memory limit: on the way down set
+  // memory first, on the way up memsw first; "-1" for both always works.
+  bool memsw = std::filesystem::exists(mem + "/memory.memsw.limit_in_bytes");
+  if (memsw)
+    Write(mem + "/memory.memsw.limit_in_bytes", "-1").IgnoreError();  // widen
+  if (auto s = Write(mem + "/memory.limit_in_bytes", limit); !s.ok()) return s;
+  if (memsw) {
+    if (auto s = Write(mem + "/memory.memsw.limit_in_bytes", limit); !s.ok())
+      return s;
+  }
+  std::string cpu = CgroupDir("cpu", name);
+  if (auto s = make(cpu); !s.ok()) return s;
+  cg->cpu_dir_ = cpu;
+  if (auto s = Write(cpu + "/cpu.cfs_period_us", std::to_string(kCpuPeriodUs));
+      !s.ok())
+    return s;
+  if (auto s = Write(cpu + "/cpu.cfs_quota_us", quota.empty() ? "-1" : quota);
+      !s.ok())
+    return s;
+  // The instances' pids cgroups live below this one too.
+  if (auto s = make(CgroupDir("pids", name)); !s.ok()) return s;
+  return cg;
+}
+
+NodeCgroup::~NodeCgroup() {
+  for (const auto& d : dirs_) rmdir(d.c_str());  // fails while not empty
+}
+
+}  // namespace silt::invoker

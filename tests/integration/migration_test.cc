@@ -1,0 +1,210 @@
+// Memory proclets across nodes: splits under growth and migrations that fail
+// half way, on a cluster whose nodes run in their own network namespaces
+// (tests/common/cluster.h), driven over HTTP as a user would.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/cluster.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace silt::testing {
+namespace {
+
+using nlohmann::json;
+
+bool Eventually(const std::function<bool()>& cond,
+                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return cond();
+}
+
+class MigrationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (geteuid() != 0) return;
+    suite_dir_ = MakeTempDir("silt-mig-suite");
+    std::ofstream(suite_dir_ + "/stack.yml")
+        << "version: 1.0\nprovider:\n  name: openfaas\n"
+        << "functions:\n  probe:\n    lang: cpp\n"
+        << "    handler: " << SILT_SOURCE_DIR
+        << "/tests/functions/probe\n    image: probe\n";
+    auto r =
+        RunCommand({SILT_CLI_BIN, "build", "-f", suite_dir_ + "/stack.yml"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+  static void TearDownTestSuite() {
+    if (!suite_dir_.empty()) std::filesystem::remove_all(suite_dir_);
+  }
+
+  // node-a offers far more memory than node-b: new shards go to node-a.
+  void StartCluster(std::vector<std::string> gateway_flags = {}) {
+    if (geteuid() != 0)
+      GTEST_SKIP() << "nodes run in network namespaces, instances in "
+                      "cgroups: run as root";
+    dir_ = MakeTempDir("silt-mig");
+    ClusterOptions options;
+    options.gateway_flags.insert(options.gateway_flags.end(),
+                                 gateway_flags.begin(), gateway_flags.end());
+    auto c = Cluster::Start(dir_, options);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = *std::move(c);
+    ASSERT_TRUE(
+        cluster_->AddNode({.name = "node-a", .memory_mib = 1 << 20}).ok());
+    ASSERT_TRUE(cluster_->AddNode({.name = "node-b", .memory_mib = 4096}).ok());
+    ASSERT_TRUE(cluster_->WaitNodes(2).ok());
+    auto r = cluster_->Silt({"push", "-f", suite_dir_ + "/stack.yml"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    // The function runs on node-b, its state lives on node-a.
+    json d = {{"service", "probe"},
+              {"image", "probe@" + r.out.substr(r.out.find("sha256:"), 71)},
+              {"constraints", {"node.name==node-b"}}};
+    ASSERT_EQ(
+        cluster_->gateway().Call("POST", "/system/functions", d.dump()).status,
+        200);
+  }
+  void TearDown() override {
+    cluster_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  deploy::HttpResult Invoke(const std::string& path) {
+    return cluster_->gateway().Call("POST", "/function/probe" + path, "",
+                                    /*with_auth=*/false);
+  }
+
+  json Proclets(const std::string& structure) {
+    auto all =
+        json::parse(cluster_->gateway().Call("GET", "/system/proclets").body,
+                    nullptr, false);
+    json out = json::array();
+    for (const auto& p : all)
+      if (p.value("structure", "") == structure) out.push_back(p);
+    return out;
+  }
+
+  static std::string suite_dir_;
+  std::string dir_;
+  std::unique_ptr<Cluster> cluster_;
+};
+
+std::string MigrationTest::suite_dir_;
+
+TEST_F(MigrationTest, TargetKilledMidCopyLosesNothing) {
+  StartCluster();
+  if (IsSkipped()) return;
+  // ~6 MiB in one shard on node-a: 6 batches of 1000 keys, 1 KB values.
+  const std::string value(1000, 'x');
+  for (int b = 0; b < 6; ++b) {
+    auto r =
+        Invoke(absl::StrCat("/kv/mput?name=big&n=1000&p=b", b, "k&v=", value));
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  json shards = Proclets("big");
+  ASSERT_EQ(shards.size(), 1u) << shards.dump();
+  ASSERT_EQ(shards[0]["node"], "node-a");
+  uint64_t id = shards[0]["id"];
+  // node-a sends at 20 Mbit/s: the copy takes seconds, time to kill node-b
+  // in the middle of it.
+  ASSERT_TRUE(
+      cluster_
+          ->ShapeLink("node-a", "tbf rate 20mbit burst 32kbit latency 2000ms")
+          .ok());
+  deploy::HttpResult moved;
+  std::thread migrate([&] {
+    moved = cluster_->gateway().Call(
+        "POST", absl::StrCat("/system/proclets/", id, "/migrate"),
+        R"({"node":"node-b"})");
+  });
+  bool copying = Eventually([&] {
+    json s = Proclets("big");
+    return s.size() == 1 && s[0].value("state", "") == "migrating";
+  });
+  cluster_->StopNode("node-b", SIGKILL);
+  migrate.join();
+  ASSERT_TRUE(copying) << Proclets("big").dump();
+  EXPECT_NE(moved.status, 200) << moved.body;
+  ASSERT_TRUE(cluster_->ShapeLink("node-a", "pfifo").ok());
+
+  // The shard stayed on node-a, serving, with every value.
+  shards = Proclets("big");
+  ASSERT_EQ(shards.size(), 1u) << shards.dump();
+  EXPECT_EQ(shards[0]["node"], "node-a") << shards.dump();
+  EXPECT_EQ(shards[0]["state"], "active") << shards.dump();
+  // node-b is gone; the function runs on node-a now.
+  ASSERT_TRUE(cluster_->WaitNodes(1).ok());
+  json d = json::parse(
+      cluster_->gateway().Call("GET", "/system/function/probe").body);
+  json update = {{"service", "probe"}, {"image", d["image"]}};
+  ASSERT_EQ(cluster_->gateway()
+                .Call("PUT", "/system/functions", update.dump())
+                .status,
+            200);
+  for (int b = 0; b < 6; ++b) {
+    auto r =
+        Invoke(absl::StrCat("/kv/mget?name=big&n=1000&p=b", b, "k&v=", value));
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.body, "1000") << "batch " << b;
+  }
+  auto w = Invoke("/kv/put?name=big&k=after&v=1");
+  EXPECT_EQ(w.status, 200) << w.body;
+  EXPECT_EQ(Invoke("/kv/get?name=big&k=after").body, "1");
+}
+
+TEST_F(MigrationTest, ShardsSplitAsTheyGrowAndMergeAsTheyShrink) {
+  StartCluster({"--shard-split-mib", "1"});
+  if (IsSkipped()) return;
+  const std::string value(1000, 'y');
+  for (int b = 0; b < 4; ++b) {
+    auto r =
+        Invoke(absl::StrCat("/kv/mput?name=grow&n=1000&p=g", b, "k&v=", value));
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  // ~4 MiB against a 1 MiB split size: the directory splits from the load
+  // reports until every shard is small again.
+  ASSERT_TRUE(Eventually([&] {
+    json s = Proclets("grow");
+    if (s.size() < 4) return false;
+    for (const auto& p : s)
+      if (p.value("bytes", uint64_t{0}) > (2u << 20)) return false;
+    return true;
+  })) << Proclets("grow").dump();
+  for (int b = 0; b < 4; ++b) {
+    auto r =
+        Invoke(absl::StrCat("/kv/mget?name=grow&n=1000&p=g", b, "k&v=", value));
+    EXPECT_EQ(r.body, "1000") << "batch " << b << ": " << r.body;
+  }
+  EXPECT_EQ(Invoke("/kv/size?name=grow").body, "4000");
+
+  // Nearly everything erased: adjacent small shards merge (moving to one
+  // node first where they are apart) until one is left, losing nothing.
+  for (int b = 0; b < 4; ++b) {
+    auto r = Invoke(absl::StrCat("/kv/merase?name=grow&n=1000&p=g", b, "k"));
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.body, "1000");
+  }
+  ASSERT_EQ(Invoke("/kv/mput?name=grow&n=100&p=left&v=v").status, 200);
+  ASSERT_TRUE(Eventually([&] { return Proclets("grow").size() == 1; },
+                         std::chrono::seconds(40)))
+      << Proclets("grow").dump();
+  EXPECT_EQ(Invoke("/kv/mget?name=grow&n=100&p=left&v=v").body, "100");
+  EXPECT_EQ(Invoke("/kv/size?name=grow").body, "100");
+  EXPECT_EQ(Invoke("/kv/get?name=grow&k=left7").body, "v7");
+}
+
+}  // namespace
+}  // namespace silt::testing
