@@ -38,6 +38,7 @@
 #include "proclets/function_library.h"
 #include "sandbox.h"
 #include "silt/state_wire.h"
+#include "state_http.h"
 
 extern char** environ;
 
@@ -93,6 +94,33 @@ class StateLink {
   silt_state_api api_{this, &StateLink::Call};
 };
 StateLink g_state;
+
+// The loopback state API of exec functions (null for native ones, which have
+// the SDK). Its thread and sockets exist only while the worker serves: no
+// checkpoint, parked worker or fork template may hold them.
+std::unique_ptr<StateHttpServer> g_state_http;
+
+// Starts it and points the function's processes at it (SILT_STATE_URL; a
+// classic fprocess gets the environment of its call, an http-mode server that
+// of its start, which stays valid because the port is kept).
+void StartStateApi() {
+  if (!g_state_http) return;
+  uint16_t before = g_state_http->port();
+  if (absl::Status s = g_state_http->Start(); !s.ok()) {
+    fprintf(stderr, "silt-worker: no state API: %s\n",
+            std::string(s.message()).c_str());
+    unsetenv("SILT_STATE_URL");
+    return;
+  }
+  if (before != 0 && g_state_http->port() != before)
+    fprintf(stderr, "silt-worker: the state API moved from port %u to %u\n",
+            before, g_state_http->port());
+  setenv("SILT_STATE_URL", g_state_http->url().c_str(), 1);
+}
+
+void StopStateApi() {
+  if (g_state_http) g_state_http->Stop();
+}
 
 void LogLine(const std::string& msg) {
   // Go's log format, as the OpenFaaS watchdogs write it.
@@ -523,6 +551,7 @@ bool ParkAndResume(Runtime& rt) {
     close(fds[2]);
   } else {
     g_state.Attach(fds[2]);
+    StartStateApi();
   }
   if (!resume.as_template()) rt.Resumed(resume.instance_id(), resume.seed());
   v1::WorkerReady ready;
@@ -549,6 +578,7 @@ bool TemplateLoop(Runtime& rt) {
       dup2(fds[2], 2);
       for (int i = 0; i < 3; ++i) close(fds[i]);
       g_state.Attach(fds[3]);
+      StartStateApi();
       rt.Resumed(fork_call.instance_id(), fork_call.seed());
       v1::WorkerReady ready;
       ready.set_ok(true);
@@ -566,6 +596,7 @@ bool TemplateLoop(Runtime& rt) {
 template <typename Runtime>
 int Serve(const WorkerConfig& cfg) {
   Runtime rt;
+  StartStateApi();  // first: an http-mode server inherits SILT_STATE_URL
   absl::Status s = rt.Start(cfg);
   v1::WorkerReady ready;
   ready.set_ok(s.ok());
@@ -579,12 +610,14 @@ int Serve(const WorkerConfig& cfg) {
     absl::Status r = ReadFrame(kChannel, &call);
     if (!r.ok()) return 0;  // the invoker closed the channel: stop
     if (call.op() == "park") {
+      StopStateApi();
       rt.BeforePark();
       if (!WriteFrame(kChannel, Ok()).ok()) return 0;
       if (!ParkAndResume(rt)) return 0;
       continue;
     }
     if (call.op() == "template") {
+      StopStateApi();
       if (!WriteFrame(kChannel, Ok()).ok()) return 0;
       if (!TemplateLoop(rt)) return 0;
       continue;  // a clone
@@ -622,6 +655,8 @@ int main() {
     return 2;
   }
   if (cfg.kind() == "native") return Serve<NativeRuntime>(cfg);
+  if (cfg.kind() == "exec")
+    g_state_http = std::make_unique<StateHttpServer>(g_state.api());
   if (cfg.kind() == "exec" && cfg.mode() == "http")
     return Serve<HttpRuntime>(cfg);
   if (cfg.kind() == "exec") return Serve<ClassicRuntime>(cfg);

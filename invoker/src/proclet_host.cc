@@ -149,6 +149,7 @@ struct HostedShard {
   // Halves split off this shard: requests whose hint is >= at go there.
   std::vector<std::pair<uint64_t, std::shared_ptr<HostedShard>>> splits
       ABSL_GUARDED_BY(mu);
+  bool closing ABSL_GUARDED_BY(mu) = false;  // the host is stopping
   // Set when merged into the shard below it: that one serves its range now.
   std::shared_ptr<HostedShard> merged_into ABSL_GUARDED_BY(mu);
 
@@ -206,6 +207,15 @@ struct ProcletHost::Impl {
   std::vector<uint64_t> finished ABSL_GUARDED_BY(conns_mu);
 
   ~Impl() {
+    // Wake queue pops waiting on shards here, then stop the state loop (its
+    // pool joins the threads that served them).
+    {
+      absl::MutexLock l(&mu);
+      for (auto& [id, hs] : shards) {
+        absl::MutexLock sl(&hs->mu);
+        hs->closing = true;
+      }
+    }
     loop.reset();
     {
       absl::MutexLock l(&conns_mu);
@@ -634,11 +644,11 @@ struct ProcletHost::Impl {
           if (!r.U32(&timeout_ms)) return bad();
           auto deadline = absl::Now() + absl::Milliseconds(timeout_ms);
           HostedShard* sp = &s;
-          while (q.count() == 0 && !s.gone && !s.frozen) {
+          while (q.count() == 0 && !s.gone && !s.frozen && !s.closing) {
             if (!s.mu.AwaitWithDeadline(
                     absl::Condition(
                         +[](HostedShard* h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                          return h->gone || h->frozen ||
+                          return h->gone || h->frozen || h->closing ||
                                  (h->queue && h->queue->count() > 0);
                         },
                         sp),
@@ -647,6 +657,8 @@ struct ProcletHost::Impl {
           }
           if (s.gone || s.frozen)  // moving: the caller retries
             return MovedReply(s.moved_to, s.moved_epoch);
+          if (q.count() == 0 && s.closing)
+            return Error(StateCode::kUnavailable, "the node is stopping");
           auto v = q.Pop();
           if (!v) return Error(StateCode::kTimeout, "the queue stayed empty");
           out.push_back(0);

@@ -91,8 +91,11 @@ class Arena {
 class MapShard {
  public:
   static absl::StatusOr<std::unique_ptr<MapShard>> Create();
-  // Takes over an arena received from a peer; InvalidArgument (DataLoss) if
-  // its bytes are not a map shard of this format.
+  // Takes over an arena received from a peer; DataLoss if its bytes are not
+  // a map shard of this format: every offset in bounds, no two structures
+  // overlapping, counters matching the index (what later reads and in-place
+  // writes rely on). Stored key hashes are trusted: a wrong one makes only
+  // its own key unreachable.
   static absl::StatusOr<std::unique_ptr<MapShard>> Adopt(Arena arena);
 
   // NotFound when absent. The view is valid until the next change.
