@@ -40,8 +40,8 @@ using wire::StateOp;
 constexpr uint64_t kOpenEnd = std::numeric_limits<uint64_t>::max();
 constexpr int kMaxAttempts = 6;
 // A migration stops pre-copying when one round leaves less than this dirty.
-constexpr uint64_t kFinalRoundBytes = 256 * 1024;
-constexpr int kMaxPrecopyRounds = 8;
+constexpr uint64_t kFinalRoundBytes = 64 * 1024;
+constexpr int kMaxPrecopyRounds = 16;
 constexpr size_t kChunkBytes = 1 << 20;
 
 // Frames on the data port.
@@ -1238,6 +1238,7 @@ struct ProcletHost::Impl {
     }
     if (auto s = send_range(0, used, false); !s.ok()) return abort(s);
     uint32_t rounds = 1;
+    uint64_t last_round_bytes = used;
     while (rounds < kMaxPrecopyRounds) {
       std::vector<std::pair<uint64_t, uint64_t>> dirty;
       {
@@ -1246,7 +1247,11 @@ struct ProcletHost::Impl {
       }
       uint64_t bytes = 0;
       for (auto& [o, n] : dirty) bytes += n;
-      if (bytes < kFinalRoundBytes) {
+      // Stop when little changed, or when writers dirty about as much per
+      // round as a round sends (more rounds would not shrink the rest).
+      bool converging = rounds == 1 || bytes < last_round_bytes * 3 / 4;
+      last_round_bytes = bytes;
+      if (bytes < kFinalRoundBytes || !converging) {
         // Put them back for the final round: simplest is to resend them
         // there.
         absl::MutexLock l(&hs->mu);

@@ -72,9 +72,13 @@ class InBuf {
         start_ = 0;
         end_ = have;
       }
-      ssize_t n = recv(fd, data_.get() + end_, cap_ - end_, MSG_DONTWAIT);
+      const size_t space = cap_ - end_;
+      ssize_t n = recv(fd, data_.get() + end_, space, MSG_DONTWAIT);
       if (n > 0) {
         end_ += static_cast<size_t>(n);
+        // A short read took everything there was; what arrives later raises
+        // a new edge. (Saves a recv that would only say EAGAIN.)
+        if (static_cast<size_t>(n) < space) return Fill::kDrained;
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
