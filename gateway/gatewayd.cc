@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   uint64_t shard_split_mib = 16;
   app.add_option("--shard-split-mib", shard_split_mib,
                  "Split a state shard once it passes this many MiB (moving "
-                 "16 MiB takes ~15 ms here)")
+                 "16 MiB takes ~25 ms here)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{4096}));
   CLI11_PARSE(app, argc, argv);
