@@ -615,6 +615,8 @@ struct Directory::Impl {
       upper = layout->shards(i + 1).id();
       upper_node = layout->shards(i + 1).node();
       if (draining.contains(node) || draining.contains(upper_node)) return;
+      // Reports must not take either for lost while they change hands.
+      changed[lower] = changed[upper] = Clock::now();
     }
     const DirectoryNode* holder = nullptr;
     auto live = Live();

@@ -404,7 +404,14 @@ struct ProcletHost::Impl {
                        uint64_t* moved_epoch, bool* would_block = nullptr)
       ABSL_NO_THREAD_SAFETY_ANALYSIS {
     while (hs) {
-      hs->mu.Lock();
+      if (would_block) {
+        if (!hs->mu.TryLock()) {  // held by a split, merge or migration
+          *would_block = true;
+          return nullptr;
+        }
+      } else {
+        hs->mu.Lock();
+      }
       if (would_block && hs->frozen && !hs->gone) {
         hs->mu.Unlock();
         *would_block = true;
@@ -644,7 +651,9 @@ struct ProcletHost::Impl {
           if (!r.U32(&timeout_ms)) return bad();
           auto deadline = absl::Now() + absl::Milliseconds(timeout_ms);
           HostedShard* sp = &s;
-          while (q.count() == 0 && !s.gone && !s.frozen && !s.closing) {
+          // Waiting releases the lock: the shard may be dropped or moved
+          // meanwhile (its queue freed), so check that before the queue.
+          while (!s.gone && !s.frozen && !s.closing && s.queue->count() == 0) {
             if (!s.mu.AwaitWithDeadline(
                     absl::Condition(
                         +[](HostedShard* h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -655,11 +664,11 @@ struct ProcletHost::Impl {
                     deadline))
               break;
           }
-          if (s.gone || s.frozen)  // moving: the caller retries
+          if (s.gone || s.frozen || !s.queue)  // moving: the caller retries
             return MovedReply(s.moved_to, s.moved_epoch);
-          if (q.count() == 0 && s.closing)
+          if (s.queue->count() == 0 && s.closing)
             return Error(StateCode::kUnavailable, "the node is stopping");
-          auto v = q.Pop();
+          auto v = s.queue->Pop();
           if (!v) return Error(StateCode::kTimeout, "the queue stayed empty");
           out.push_back(0);
           w.Str(*v);
@@ -1179,6 +1188,8 @@ struct ProcletHost::Impl {
       absl::MutexLock l(&hs->mu);
       if (hs->gone) return absl::NotFoundError("the shard moved away");
       if (hs->arena() == nullptr) return absl::InternalError("empty shard");
+      if (hs->frozen || hs->merged_into || hs->arena()->tracking())
+        return absl::FailedPreconditionError("the shard is already moving");
       hs->arena()->TakeDirty();
       hs->arena()->TrackWrites(true);
       info = hs->info;
@@ -1198,51 +1209,58 @@ struct ProcletHost::Impl {
     }
     if (auto s = WriteBytesFrame(conn.fd, begin); !s.ok()) return abort(s);
 
-    // Sends [off, off+len) of the arena, a chunk at a time, copying each
-    // chunk under the shard's lock (writers wait at most one chunk's copy).
+    // Appends the chunk frames for [off, off+len) of the arena to *out;
+    // false when the shard was dropped meanwhile. Caller holds hs->mu.
     uint64_t sent = 0;
-    std::string chunk;
-    auto send_range = [&](uint64_t off, uint64_t len,
-                          bool locked) -> absl::Status {
-      uint64_t end = off + len;
-      while (off < end) {
+    auto frames = [&](uint64_t off, uint64_t len,
+                      std::string* out) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      proclets::Arena* a = hs->arena();
+      if (a == nullptr) return false;
+      const uint64_t used = a->used(), end = off + len;
+      for (; off < end; off += kChunkBytes) {
         uint64_t n = std::min<uint64_t>(kChunkBytes, end - off);
-        chunk.clear();
+        uint64_t m = off < used ? std::min<uint64_t>(n, used - off) : 0;
+        std::string chunk;
         wire::Writer w(&chunk);
         w.U8(static_cast<uint8_t>(PeerOp::kMigrateChunk));
-        auto fill = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          proclets::Arena* a = hs->arena();
-          uint64_t used = a->used();
-          uint64_t m = off < used ? std::min<uint64_t>(n, used - off) : 0;
-          w.U64(off);
-          w.U64(used);
-          w.Str(std::string_view(a->data() + off, m));
-        };
-        if (locked) {
-          fill();
-        } else {
-          absl::MutexLock l(&hs->mu);
-          fill();
-        }
-        if (auto s = WriteBytesFrame(conn.fd, chunk); !s.ok()) return s;
+        w.U64(off);
+        w.U64(used);
+        w.Str(std::string_view(a->data() + off, m));
+        AppendFrame(out, chunk);
         sent += n;
-        off += n;
+      }
+      return true;
+    };
+    // Sends [off, off+len), a chunk at a time, copying each chunk under the
+    // shard's lock (writers wait at most one chunk's copy) and sending it
+    // without.
+    std::string batch;
+    auto send_range = [&](uint64_t off, uint64_t len) -> absl::Status {
+      for (uint64_t end = off + len; off < end; off += kChunkBytes) {
+        batch.clear();
+        {
+          absl::MutexLock l(&hs->mu);
+          if (!frames(off, std::min<uint64_t>(kChunkBytes, end - off), &batch))
+            return absl::AbortedError("the shard was dropped");
+        }
+        if (auto s = WriteAll(conn.fd, batch); !s.ok()) return s;
       }
       return absl::OkStatus();
     };
 
-    uint64_t used;
+    uint64_t used = 0;
     {
       absl::MutexLock l(&hs->mu);
-      used = hs->arena()->used();
+      if (hs->arena()) used = hs->arena()->used();
     }
-    if (auto s = send_range(0, used, false); !s.ok()) return abort(s);
+    if (auto s = send_range(0, used); !s.ok()) return abort(s);
     uint32_t rounds = 1;
     uint64_t last_round_bytes = used;
     while (rounds < kMaxPrecopyRounds) {
       std::vector<std::pair<uint64_t, uint64_t>> dirty;
       {
         absl::MutexLock l(&hs->mu);
+        if (hs->arena() == nullptr) return abort(absl::AbortedError("dropped"));
         dirty = hs->arena()->TakeDirty();
       }
       uint64_t bytes = 0;
@@ -1255,12 +1273,13 @@ struct ProcletHost::Impl {
         // Put them back for the final round: simplest is to resend them
         // there.
         absl::MutexLock l(&hs->mu);
+        if (hs->arena() == nullptr) return abort(absl::AbortedError("dropped"));
         for (auto& [o, n] : dirty) hs->arena()->MarkDirty(o, n);
         break;
       }
       ++rounds;
       for (auto& [o, n] : dirty)
-        if (auto s = send_range(o, n, false); !s.ok()) return abort(s);
+        if (auto s = send_range(o, n); !s.ok()) return abort(s);
     }
 
     // Wait until the target has applied everything sent so far, so that the
@@ -1281,33 +1300,36 @@ struct ProcletHost::Impl {
     std::unique_ptr<MapShard> old_map;
     std::unique_ptr<VectorShard> old_vec;
     std::unique_ptr<QueueShard> old_queue;
+    // The last changes are copied under the lock and sent without it:
+    // `frozen` keeps writers out (the state loop never waits for it).
     {
       absl::MutexLock l(&hs->mu);
       hs->frozen = true;
       pause_start = Clock::now();
+      batch.clear();
       proclets::Arena* a = hs->arena();
-      for (auto& [o, n] : a->TakeDirty()) {
-        commit = send_range(o, n, true);
-        if (!commit.ok()) break;
-      }
-      // The tail past what was sent so far (the arena may have grown).
-      if (commit.ok()) {
+      if (a == nullptr) {
+        commit = absl::AbortedError("the shard was dropped");
+      } else {
+        for (auto& [o, n] : a->TakeDirty()) frames(o, n, &batch);
         std::string req;
         wire::Writer w(&req);
         w.U8(static_cast<uint8_t>(PeerOp::kMigrateCommit));
         w.U64(a->used());
-        std::string reply;
-        commit = WriteBytesFrame(conn.fd, req);
-        if (commit.ok()) {
-          hs->mu.Unlock();  // the target installs; writers stay held
-          commit = conn.reader->Next(&reply);
-          hs->mu.Lock();
-        }
-        if (commit.ok() && (reply.empty() || reply[0] != 0))
-          commit = absl::InternalError(
-              absl::StrCat("target refused the shard: ",
-                           reply.empty() ? "empty reply" : reply.substr(1)));
+        AppendFrame(&batch, req);
       }
+    }
+    std::string reply;
+    if (commit.ok()) commit = WriteAll(conn.fd, batch);
+    if (commit.ok()) commit = conn.reader->Next(&reply);  // the target installs
+    if (commit.ok() && (reply.empty() || reply[0] != 0))
+      commit = absl::InternalError(
+          absl::StrCat("target refused the shard: ",
+                       reply.empty() ? "empty reply" : reply.substr(1)));
+    {
+      absl::MutexLock l(&hs->mu);
+      if (commit.ok() && (hs->gone || hs->arena() == nullptr))
+        commit = absl::AbortedError("the shard was dropped during the move");
       if (commit.ok()) {
         hs->gone = true;
         hs->frozen = false;
@@ -1493,7 +1515,8 @@ absl::StatusOr<pv1::SplitShardResponse> ProcletHost::Split(uint64_t id,
   pv1::SplitShardResponse res;
   {
     absl::MutexLock l(&hs->mu);
-    if (hs->gone || hs->frozen)
+    if (hs->gone || hs->frozen || hs->merged_into || !hs->arena() ||
+        hs->arena()->tracking())
       return absl::FailedPreconditionError("the shard is moving");
     uint64_t at = 0;
     absl::MutexLock cl(&child->mu);

@@ -55,7 +55,9 @@ class InBuf {
 
   // Reads what the socket has (edge-triggered: until EAGAIN), stopping early
   // once `limit` bytes wait unread (kMore: read again after taking frames).
-  Fill Read(int fd, size_t limit) {
+  // With hangup set (the event said the peer closed) a short read is not
+  // taken as drained: only recv's 0 or EAGAIN end it, so EOF is seen.
+  Fill Read(int fd, size_t limit, bool hangup = false) {
     while (true) {
       if (end_ - start_ >= limit) return Fill::kMore;
       if (cap_ - end_ < kReadChunk / 4) {
@@ -78,7 +80,7 @@ class InBuf {
         end_ += static_cast<size_t>(n);
         // A short read took everything there was; what arrives later raises
         // a new edge. (Saves a recv that would only say EAGAIN.)
-        if (static_cast<size_t>(n) < space) return Fill::kDrained;
+        if (static_cast<size_t>(n) < space && !hangup) return Fill::kDrained;
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -148,6 +150,7 @@ struct StateLoop::Impl {
     OutBuf out;
     bool busy = false;      // a request of it is being served
     bool readable = false;  // the socket may hold unread bytes
+    bool hangup = false;    // the peer closed its end (read to EOF)
     bool dead = false;
   };
   struct Pending {
@@ -287,6 +290,7 @@ struct StateLoop::Impl {
     Instance& c = *it->second;
     if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
       c.readable = true;
+    if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) c.hangup = true;
     if ((events & EPOLLOUT) && !c.out.empty() && !c.out.Flush(c.fd))
       c.dead = true;
     Serve(c);
@@ -308,7 +312,7 @@ struct StateLoop::Impl {
           break;
       }
       if (!c.readable) break;
-      InBuf::Fill f = c.in.Read(c.fd, max_frame + 4 + kReadChunk);
+      InBuf::Fill f = c.in.Read(c.fd, max_frame + 4 + kReadChunk, c.hangup);
       if (f == InBuf::Fill::kClosed) c.dead = true;
       c.readable = f == InBuf::Fill::kMore;
     }
@@ -400,13 +404,16 @@ struct StateLoop::Impl {
   }
 
   void FlushPeers() {
-    std::vector<uint64_t> ids;
-    ids.swap(dirty_peers);
-    for (uint64_t id : ids) {
-      auto it = peers.find(id);
-      if (it == peers.end()) continue;
-      Peer& p = *it->second;
-      if (p.connected && !p.out.Flush(p.fd)) FailPeer(p);
+    // Failing a peer re-dispatches its requests, which may queue more.
+    while (!dirty_peers.empty()) {
+      std::vector<uint64_t> ids;
+      ids.swap(dirty_peers);
+      for (uint64_t id : ids) {
+        auto it = peers.find(id);
+        if (it == peers.end()) continue;
+        Peer& p = *it->second;
+        if (p.connected && !p.out.Flush(p.fd)) FailPeer(p);
+      }
     }
     ReapPeers();
   }
@@ -428,7 +435,8 @@ struct StateLoop::Impl {
     if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
       bool more = true;
       while (more && !p.failed) {
-        InBuf::Fill f = p.in.Read(p.fd, max_frame + 4 + kReadChunk);
+        InBuf::Fill f = p.in.Read(p.fd, max_frame + 4 + kReadChunk,
+                                  events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR));
         more = f == InBuf::Fill::kMore;
         std::string reply;
         InBuf::Got g;

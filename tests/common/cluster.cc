@@ -82,7 +82,11 @@ absl::StatusOr<Cluster::Node> Cluster::CreateNamespace(
            {"-n", node.netns, "addr", "add", node.ip + "/24", "dev", inside},
            {"-n", node.netns, "link", "set", inside, "up"},
            {"-n", node.netns, "link", "set", "lo", "up"}}) {
-    if (auto s = Ip(args); !s.ok()) return s;
+    if (auto s = Ip(args); !s.ok()) {
+      (void)Ip({"netns", "del", node.netns});  // takes `inside` with it
+      (void)Ip({"link", "del", outside});
+      return s;
+    }
   }
   (void)name;
   node.link = inside;
@@ -90,9 +94,13 @@ absl::StatusOr<Cluster::Node> Cluster::CreateNamespace(
 }
 
 Cluster::~Cluster() {
-  // SIGTERM: an invoker tears its instances down on the way out.
+  // SIGTERM: an invoker drains and tears its instances down on the way out;
+  // all at once, then wait for each.
   for (auto& [name, node] : nodes_)
-    if (node.process) node.process->Stop(SIGTERM);
+    if (node.process && node.process->pid() > 0)
+      kill(node.process->pid(), SIGTERM);
+  for (auto& [name, node] : nodes_)
+    if (node.process) node.process->Stop(0);
   gateway_.reset();
   for (auto& [name, node] : nodes_)
     if (!node.netns.empty()) (void)Ip({"netns", "del", node.netns});

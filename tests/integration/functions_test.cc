@@ -450,6 +450,10 @@ TEST_F(FunctionsTest, ScaleUpToZeroAndBackFromZero) {
             200);
   EXPECT_TRUE(Eventually([&] { return Available("probe") == 3; }))
       << Available("probe");
+  // State written before the function scales to zero is there after.
+  ASSERT_EQ(
+      Invoke("POST", "/function/probe/kv/put?k=before-zero&v=kept").status,
+      200);
   ASSERT_EQ(gw_->Call("POST", "/system/scale-function/probe",
                       R"({"serviceName":"probe","replicas":0})")
                 .status,
@@ -465,6 +469,9 @@ TEST_F(FunctionsTest, ScaleUpToZeroAndBackFromZero) {
               r.Header("X-Silt-Start") == "restore" ||
               r.Header("X-Silt-Start") == "fork")
       << r.Header("X-Silt-Start");
+  r = Invoke("GET", "/function/probe/kv/get?k=before-zero");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "kept");
 }
 
 TEST_F(FunctionsTest, KilledInvokerItsFunctionsMoveToTheOther) {
