@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -27,6 +28,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace v1 = silt::invoker::v1;
 namespace pv1 = silt::proclets::v1;
+
+constexpr char kDataKeyKey[] = "data-port-key";
+constexpr size_t kDataKeyBytes = 32;
 
 std::string Key(const std::string& ns, const std::string& name) {
   return ns + "/" + name;
@@ -124,6 +128,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   Metrics* metrics = nullptr;
   std::unique_ptr<grpc::Server> server;
   std::string address;
+  // The cluster's data-port key (kept in the store, sent in assignments).
+  std::string data_key;
   std::unique_ptr<Directory> directory;
 
   std::mutex mu;
@@ -222,6 +228,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   // in name order.
   v1::Assignment AssignmentLocked(const std::string& node_name) {
     v1::Assignment a;
+    a.set_data_key(data_key);
     for (const auto& [key, fn] : fns) {
       if (fn->spec.bundle_digest().empty()) continue;
       if (!fn->Allows(node_name)) continue;
@@ -770,6 +777,17 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
   impl->metrics = metrics;
   impl->store = store;
   impl->bundles = bundles;
+  auto key = store->Get(store::Table::kMeta, kDataKeyKey);
+  if (key.ok() && key->size() == kDataKeyBytes) {
+    impl->data_key = *std::move(key);
+  } else {
+    std::random_device rd;
+    for (size_t i = 0; i < kDataKeyBytes; ++i)
+      impl->data_key.push_back(static_cast<char>(rd()));
+    store::WriteBatch b;
+    b.Put(store::Table::kMeta, kDataKeyKey, impl->data_key);
+    if (auto s = store->Write(b); !s.ok()) return s;
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),

@@ -1914,6 +1914,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // ---- desired state, reports, reaping ----
 
   void ApplyAssignment(const v1::Assignment& a) {
+    if (!a.data_key().empty() && proclet_host)
+      proclet_host->SetDataKey(a.data_key());
     std::vector<std::pair<FunctionSpec, uint32_t>> wanted;
     {
       std::lock_guard<std::mutex> l(mu);

@@ -40,8 +40,11 @@ using wire::StateOp;
 constexpr uint64_t kOpenEnd = std::numeric_limits<uint64_t>::max();
 constexpr int kMaxAttempts = 6;
 // A migration stops pre-copying when one round leaves less than this dirty.
-constexpr uint64_t kFinalRoundBytes = 64 * 1024;
-constexpr int kMaxPrecopyRounds = 16;
+constexpr uint64_t kFinalRoundBytes = 128 * 1024;
+// Past this many dirty bytes pre-copy goes on even when rounds stop
+// shrinking: the final round's bytes are the write pause.
+constexpr uint64_t kMaxFinalRoundBytes = 1 << 20;
+constexpr int kMaxPrecopyRounds = 30;
 constexpr size_t kChunkBytes = 1 << 20;
 
 // Frames on the data port.
@@ -51,6 +54,7 @@ enum class PeerOp : uint8_t {
   kMigrateChunk = 3,   // u64 offset, u64 new_used, str bytes; no reply
   kMigrateCommit = 4,  // u64 new_used -> code
   kMigrateSync = 5,    // -> code, once every earlier chunk is applied
+  kHello = 6,          // str key: the first frame of every connection
 };
 
 std::string Reply(StateCode code, std::string_view payload = {}) {
@@ -188,6 +192,28 @@ struct ProcletHost::Impl {
   absl::Mutex mu;  // shards and tombstones
   std::map<uint64_t, std::shared_ptr<HostedShard>> shards ABSL_GUARDED_BY(mu);
 
+  absl::Mutex key_mu;
+  std::string data_key ABSL_GUARDED_BY(key_mu);
+
+  // The first frame of a connection to a peer; empty until the key is known.
+  std::string Hello() {
+    absl::MutexLock l(&key_mu);
+    if (data_key.empty()) return "";
+    std::string frame;
+    wire::Writer w(&frame);
+    w.U8(static_cast<uint8_t>(PeerOp::kHello));
+    w.Str(data_key);
+    return frame;
+  }
+
+  bool KeyMatches(std::string_view key) {
+    absl::MutexLock l(&key_mu);
+    if (data_key.empty() || key.size() != data_key.size()) return false;
+    unsigned char diff = 0;  // constant time
+    for (size_t i = 0; i < key.size(); ++i) diff |= key[i] ^ data_key[i];
+    return diff == 0;
+  }
+
   absl::Mutex layouts_mu;
   std::map<std::string, std::shared_ptr<const pv1::Layout>> layouts
       ABSL_GUARDED_BY(layouts_mu);
@@ -291,6 +317,17 @@ struct ProcletHost::Impl {
       AppendFrame(&batch, reply);
       return batch.size() < (256 << 10) || flush();
     };
+    // Only members of the cluster: the first frame carries its key.
+    {
+      std::string hello;
+      if (!reader.Next(&hello).ok()) return;
+      wire::Reader r(hello);
+      uint8_t op;
+      std::string_view key;
+      if (!r.U8(&op) || op != static_cast<uint8_t>(PeerOp::kHello) ||
+          !r.Str(&key) || !KeyMatches(key))
+        return;
+    }
     // A migration into this node, while one is being received here.
     std::optional<pv1::ShardInfo> incoming;
     std::optional<proclets::Arena> arena;
@@ -357,26 +394,29 @@ struct ProcletHost::Impl {
 
   // ---- shards held here ----
 
+  // Takes a migrated shard. Its bytes come from a peer that proved the
+  // cluster's key and served them itself: only their header is checked.
   absl::Status Install(const pv1::ShardInfo& info, proclets::Arena arena) {
+    constexpr auto kCheck = proclets::AdoptCheck::kHeader;
     auto hs = std::make_shared<HostedShard>();
     {
       absl::MutexLock l(&hs->mu);
       hs->info = info;
       switch (info.kind()) {
         case pv1::KIND_MAP: {
-          auto m = MapShard::Adopt(std::move(arena));
+          auto m = MapShard::Adopt(std::move(arena), kCheck);
           if (!m.ok()) return m.status();
           hs->map = *std::move(m);
           break;
         }
         case pv1::KIND_VECTOR: {
-          auto v = VectorShard::Adopt(std::move(arena));
+          auto v = VectorShard::Adopt(std::move(arena), kCheck);
           if (!v.ok()) return v.status();
           hs->vec = *std::move(v);
           break;
         }
         case pv1::KIND_QUEUE: {
-          auto q = QueueShard::Adopt(std::move(arena));
+          auto q = QueueShard::Adopt(std::move(arena), kCheck);
           if (!q.ok()) return q.status();
           hs->queue = *std::move(q);
           break;
@@ -767,10 +807,13 @@ struct ProcletHost::Impl {
         return c;
       }
     }
+    std::string hello = Hello();
+    if (hello.empty()) return nullptr;
     auto fd = Dial(addr);
     if (!fd.ok()) return nullptr;
     auto c = std::make_unique<PeerConn>();
     c->fd = *fd;
+    if (!WriteBytesFrame(c->fd, hello).ok()) return nullptr;
     c->reader = std::make_unique<FrameReader>(*fd, wire::kMaxFrameBytes + 64);
     return c;
   }
@@ -1178,10 +1221,14 @@ struct ProcletHost::Impl {
     if (!hs) return absl::NotFoundError(absl::StrCat("no shard ", id, " here"));
     if (target == address)
       return absl::InvalidArgumentError("the shard is already on that node");
+    std::string hello = Hello();
+    if (hello.empty())
+      return absl::UnavailableError("no data-port key from the gateway yet");
     auto fd = Dial(target);
     if (!fd.ok()) return fd.status();
     PeerConn conn;
     conn.fd = *fd;
+    if (auto s = WriteBytesFrame(conn.fd, hello); !s.ok()) return s;
     conn.reader = std::make_unique<FrameReader>(*fd, 4096);
     pv1::ShardInfo info;
     {
@@ -1266,10 +1313,12 @@ struct ProcletHost::Impl {
       uint64_t bytes = 0;
       for (auto& [o, n] : dirty) bytes += n;
       // Stop when little changed, or when writers dirty about as much per
-      // round as a round sends (more rounds would not shrink the rest).
+      // round as a round sends (more rounds would not shrink the rest) and
+      // what is left is still small.
       bool converging = rounds == 1 || bytes < last_round_bytes * 3 / 4;
       last_round_bytes = bytes;
-      if (bytes < kFinalRoundBytes || !converging) {
+      if (bytes < kFinalRoundBytes ||
+          (!converging && bytes < kMaxFinalRoundBytes)) {
         // Put them back for the final round: simplest is to resend them
         // there.
         absl::MutexLock l(&hs->mu);
@@ -1414,6 +1463,7 @@ absl::StatusOr<std::unique_ptr<ProcletHost>> ProcletHost::Start(
                               " during the operation (it may or may not "
                               "have been applied)"));
   };
+  backend.hello = [raw] { return raw->Hello(); };
   backend.internal_error = [] {
     return Error(StateCode::kInternal, "internal error");
   };
@@ -1425,6 +1475,11 @@ absl::StatusOr<std::unique_ptr<ProcletHost>> ProcletHost::Start(
 }
 
 std::string ProcletHost::data_address() const { return impl_->address; }
+
+void ProcletHost::SetDataKey(const std::string& key) {
+  absl::MutexLock l(&impl_->key_mu);
+  impl_->data_key = key;
+}
 
 void ProcletHost::Attach(int fd, const std::string& ns,
                          const std::string& function) {

@@ -6,6 +6,10 @@
 // directory (a resolver callback) and is cached; a MOVED reply from a shard's
 // old home carries the new one.
 //
+// Peers prove they belong to the cluster with a key the gateway hands out, so
+// that arenas received in a migration can be taken without an O(entries)
+// check inside its pause.
+//
 // Data path: length-prefixed binary frames (silt/state_wire.h payloads) on
 // plain sockets, not gRPC, so that a remote operation costs one round trip
 // and no allocation-heavy protobuf work; gRPC stays the control path.
@@ -44,6 +48,9 @@ class ProcletHost {
   ~ProcletHost();  // closes every connection and joins its threads
 
   std::string data_address() const;
+  // The cluster's data-port key (from the gateway): every data connection,
+  // in and out, starts with it; until it is set, none is made or taken.
+  void SetDataKey(const std::string& key);
 
   // Serves one instance's state connection (takes the fd) for a function of
   // namespace `ns`, until the instance closes it.

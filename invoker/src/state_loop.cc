@@ -368,6 +368,8 @@ struct StateLoop::Impl {
   Peer* PeerFor(const std::string& address) {
     if (auto it = peer_by_address.find(address); it != peer_by_address.end())
       return peers.at(it->second).get();
+    std::string hello = backend.hello();
+    if (hello.empty()) return nullptr;
     size_t colon = address.rfind(':');
     uint32_t port = 0;
     sockaddr_in sa{};
@@ -397,6 +399,7 @@ struct StateLoop::Impl {
       close(fd);
       return nullptr;
     }
+    p->out.Frame(hello);
     Peer* raw = p.get();
     peer_by_address[address] = p->id;
     peers[p->id] = std::move(p);

@@ -43,6 +43,9 @@ struct StateLoopBackend {
   // The reply when a forwarded frame's connection broke after it was sent
   // (it may or may not have been applied: never retried).
   std::function<std::string(const std::string& peer)> broken_reply;
+  // The first frame of a new connection to a peer; empty: none can be made
+  // yet (requests for peers then go the slow way).
+  std::function<std::string()> hello;
   // The reply to a request that failed here (a bug caught at the boundary).
   std::function<std::string()> internal_error;
 };

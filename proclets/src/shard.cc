@@ -505,9 +505,10 @@ absl::Status MapValidate(const Arena& a) {
       return absl::DataLossError(absl::StrCat("map shard entry at offset ",
                                               s.offset, " is malformed"));
     }
-    // The stored hash is not recomputed: that was half of Adopt's time,
-    // which runs inside a migration's pause, and a wrong one only makes its
-    // own key unreachable (lookups compare the key bytes too).
+    if (KeyHash(EntryKey(e)) != s.hash) {
+      return absl::DataLossError(absl::StrCat(
+          "map shard entry at offset ", s.offset, " does not match its hash"));
+    }
     ++live;
     bytes += e->klen + uint64_t{e->vlen};
   }
@@ -850,9 +851,10 @@ absl::StatusOr<std::unique_ptr<MapShard>> MapShard::Create() {
   return std::unique_ptr<MapShard>(new MapShard(*std::move(arena)));
 }
 
-absl::StatusOr<std::unique_ptr<MapShard>> MapShard::Adopt(Arena arena) {
+absl::StatusOr<std::unique_ptr<MapShard>> MapShard::Adopt(Arena arena,
+                                                          AdoptCheck check) {
   absl::Status s = CheckPrefix(arena, sizeof(MapHeader), ShardKind::kMap);
-  if (s.ok()) s = MapValidate(arena);
+  if (s.ok() && check == AdoptCheck::kFull) s = MapValidate(arena);
   if (!s.ok()) return s;
   return std::unique_ptr<MapShard>(new MapShard(std::move(arena)));
 }
@@ -985,9 +987,10 @@ absl::StatusOr<std::unique_ptr<VectorShard>> VectorShard::Create(
   return std::unique_ptr<VectorShard>(new VectorShard(*std::move(arena)));
 }
 
-absl::StatusOr<std::unique_ptr<VectorShard>> VectorShard::Adopt(Arena arena) {
+absl::StatusOr<std::unique_ptr<VectorShard>> VectorShard::Adopt(
+    Arena arena, AdoptCheck check) {
   absl::Status s = CheckPrefix(arena, sizeof(VectorHeader), ShardKind::kVector);
-  if (s.ok()) s = VecValidate(arena);
+  if (s.ok() && check == AdoptCheck::kFull) s = VecValidate(arena);
   if (!s.ok()) return s;
   return std::unique_ptr<VectorShard>(new VectorShard(std::move(arena)));
 }
@@ -1115,9 +1118,10 @@ absl::StatusOr<std::unique_ptr<QueueShard>> QueueShard::Create() {
   return std::unique_ptr<QueueShard>(new QueueShard(*std::move(arena)));
 }
 
-absl::StatusOr<std::unique_ptr<QueueShard>> QueueShard::Adopt(Arena arena) {
+absl::StatusOr<std::unique_ptr<QueueShard>> QueueShard::Adopt(
+    Arena arena, AdoptCheck check) {
   absl::Status s = CheckPrefix(arena, sizeof(QueueHeader), ShardKind::kQueue);
-  if (s.ok()) s = QueueValidate(arena);
+  if (s.ok() && check == AdoptCheck::kFull) s = QueueValidate(arena);
   if (!s.ok()) return s;
   return std::unique_ptr<QueueShard>(new QueueShard(std::move(arena)));
 }

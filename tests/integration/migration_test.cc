@@ -1,7 +1,10 @@
 // Memory proclets across nodes: splits under growth and migrations that fail
 // half way, on a cluster whose nodes run in their own network namespaces
 // (tests/common/cluster.h), driven over HTTP as a user would.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -204,6 +207,53 @@ TEST_F(MigrationTest, ShardsSplitAsTheyGrowAndMergeAsTheyShrink) {
   EXPECT_EQ(Invoke("/kv/mget?name=grow&n=100&p=left&v=v").body, "100");
   EXPECT_EQ(Invoke("/kv/size?name=grow").body, "100");
   EXPECT_EQ(Invoke("/kv/get?name=grow&k=left7").body, "v7");
+}
+
+// The data port answers only peers that open with the cluster's key: a
+// stranger on the network gets the connection closed, not state.
+TEST_F(MigrationTest, DataPortRefusesConnectionsWithoutTheClusterKey) {
+  StartCluster();
+  if (IsSkipped()) return;
+  ASSERT_EQ(Invoke("/kv/put?name=secret&k=a&v=1").status, 200);
+  uint64_t id = Proclets("secret")[0]["id"];
+  std::string data;
+  for (const auto& n :
+       json::parse(cluster_->gateway().Call("GET", "/system/nodes").body))
+    if (n["name"] == "node-a") data = n["dataAddress"];
+  ASSERT_FALSE(data.empty());
+  auto attempt = [&](const std::string& first) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(std::stoi(data.substr(data.rfind(':') + 1)));
+    inet_pton(AF_INET, data.substr(0, data.rfind(':')).c_str(), &sa.sin_addr);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    // A shard request: map size of shard `id`.
+    std::string req(1, '\x01');
+    req.append(reinterpret_cast<const char*>(&id), 8);
+    req.append(8, '\0');
+    req.push_back(14);  // StateOp::kMapSize
+    std::string frames;
+    for (const std::string& f : {first, req}) {
+      uint32_t len = f.size();
+      frames.append(reinterpret_cast<const char*>(&len), 4);
+      frames += f;
+    }
+    EXPECT_EQ(write(fd, frames.data(), frames.size()),
+              static_cast<ssize_t>(frames.size()));
+    char buf[256];
+    ssize_t n = read(fd, buf, sizeof(buf));
+    close(fd);
+    return n;
+  };
+  // No hello, and a hello with a wrong key: closed without an answer.
+  EXPECT_EQ(attempt(std::string(1, '\x01')), 0);
+  std::string wrong(1, '\x06');
+  uint32_t len = 32;
+  wrong.append(reinterpret_cast<const char*>(&len), 4);
+  wrong.append(32, 'k');
+  EXPECT_EQ(attempt(wrong), 0);
+  EXPECT_EQ(Invoke("/kv/get?name=secret&k=a").body, "1");
 }
 
 }  // namespace

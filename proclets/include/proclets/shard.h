@@ -25,6 +25,12 @@ namespace silt::proclets {
 
 enum class ShardKind : uint8_t { kMap = 1, kVector = 2, kQueue = 3 };
 
+// How much Adopt checks of an arena it takes over. kFull: everything later
+// reads and in-place writes rely on (bytes from anyone). kHeader: the format
+// header only, for bytes from an authenticated peer that served them itself
+// (a migration: the full check is O(entries) and would sit in its pause).
+enum class AdoptCheck : uint8_t { kFull, kHeader };
+
 // "map", "vector", "queue".
 std::string_view ShardKindName(ShardKind kind);
 std::optional<ShardKind> ParseShardKind(std::string_view name);
@@ -92,11 +98,10 @@ class MapShard {
  public:
   static absl::StatusOr<std::unique_ptr<MapShard>> Create();
   // Takes over an arena received from a peer; DataLoss if its bytes are not
-  // a map shard of this format: every offset in bounds, no two structures
-  // overlapping, counters matching the index (what later reads and in-place
-  // writes rely on). Stored key hashes are trusted: a wrong one makes only
-  // its own key unreachable.
-  static absl::StatusOr<std::unique_ptr<MapShard>> Adopt(Arena arena);
+  // a map shard of this format (kFull: every offset in bounds, no two
+  // structures overlapping, counters and hashes matching the index).
+  static absl::StatusOr<std::unique_ptr<MapShard>> Adopt(
+      Arena arena, AdoptCheck check = AdoptCheck::kFull);
 
   // NotFound when absent. The view is valid until the next change.
   absl::StatusOr<std::string_view> Get(std::string_view key) const;
@@ -130,7 +135,8 @@ class MapShard {
 class VectorShard {
  public:
   static absl::StatusOr<std::unique_ptr<VectorShard>> Create(uint64_t first);
-  static absl::StatusOr<std::unique_ptr<VectorShard>> Adopt(Arena arena);
+  static absl::StatusOr<std::unique_ptr<VectorShard>> Adopt(
+      Arena arena, AdoptCheck check = AdoptCheck::kFull);
 
   uint64_t first() const;
   uint64_t count() const;
@@ -160,7 +166,8 @@ class VectorShard {
 class QueueShard {
  public:
   static absl::StatusOr<std::unique_ptr<QueueShard>> Create();
-  static absl::StatusOr<std::unique_ptr<QueueShard>> Adopt(Arena arena);
+  static absl::StatusOr<std::unique_ptr<QueueShard>> Adopt(
+      Arena arena, AdoptCheck check = AdoptCheck::kFull);
 
   uint64_t count() const;
   uint64_t live_bytes() const;
