@@ -233,8 +233,16 @@ struct ProcletHost::Impl {
   std::vector<uint64_t> finished ABSL_GUARDED_BY(conns_mu);
 
   ~Impl() {
-    // Wake queue pops waiting on shards here, then stop the state loop (its
-    // pool joins the threads that served them).
+    // No new peers (so no shard arrives from now on), then wake queue pops
+    // waiting on shards here, then stop the state loop (its pool joins the
+    // threads that served them).
+    {
+      absl::MutexLock l(&conns_mu);
+      stopping = true;
+      for (auto& [id, fd] : conn_fds) shutdown(fd, SHUT_RDWR);
+    }
+    if (listener >= 0) shutdown(listener, SHUT_RDWR);
+    if (acceptor.joinable()) acceptor.join();
     {
       absl::MutexLock l(&mu);
       for (auto& [id, hs] : shards) {
@@ -243,13 +251,6 @@ struct ProcletHost::Impl {
       }
     }
     loop.reset();
-    {
-      absl::MutexLock l(&conns_mu);
-      stopping = true;
-      for (auto& [id, fd] : conn_fds) shutdown(fd, SHUT_RDWR);
-    }
-    if (listener >= 0) shutdown(listener, SHUT_RDWR);
-    if (acceptor.joinable()) acceptor.join();
     std::map<uint64_t, std::thread> threads;
     {
       absl::MutexLock l(&conns_mu);
@@ -774,8 +775,11 @@ struct ProcletHost::Impl {
     it->second = std::move(copy);
   }
 
-  // Sends one shard request (already built) to loc.
-  std::string Send(const pv1::ShardLocation& loc, const std::string& req) {
+  // Sends one shard request (already built) to loc. Sets *ambiguous when the
+  // request left but no answer came: it may have been applied, so the caller
+  // must not send it again.
+  std::string Send(const pv1::ShardLocation& loc, const std::string& req,
+                   bool* ambiguous) {
     if (loc.data_address() == address) {
       wire::Reader r(std::string_view(req).substr(1));
       return HandleShardOp(r);
@@ -783,13 +787,18 @@ struct ProcletHost::Impl {
     for (int attempt = 0; attempt < 2; ++attempt) {
       std::unique_ptr<PeerConn> c = TakePeer(loc.data_address());
       if (!c) break;
+      // Not sent: retry on a fresh connection.
+      if (!WriteBytesFrame(c->fd, req).ok()) continue;
       std::string reply;
-      if (WriteBytesFrame(c->fd, req).ok() && c->reader->Next(&reply).ok()) {
+      if (c->reader->Next(&reply).ok()) {
         GivePeer(loc.data_address(), std::move(c));
         return reply;
       }
-      // A pooled connection may have died with its peer's restart: one
-      // retry on a fresh one.
+      *ambiguous = true;
+      return Error(StateCode::kUnavailable,
+                   absl::StrCat("lost the connection to node ", loc.node(),
+                                " during the operation (it may or may not "
+                                "have been applied)"));
     }
     return Error(
         StateCode::kUnavailable,
@@ -801,10 +810,14 @@ struct ProcletHost::Impl {
     {
       absl::MutexLock l(&peers_mu);
       auto& pool = idle_peers[addr];
-      if (!pool.empty()) {
+      while (!pool.empty()) {
         auto c = std::move(pool.back());
         pool.pop_back();
-        return c;
+        // A pooled connection whose peer went away reads EOF or an error
+        // right away: drop it rather than send on it.
+        char b;
+        ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return c;
       }
     }
     std::string hello = Hello();
@@ -869,7 +882,10 @@ struct ProcletHost::Impl {
                      absl::StrCat("shard ", loc->id(), " of \"", name,
                                   "\" was lost: node ", loc->node(),
                                   " stopped without handing it over"));
-      std::string reply = Send(*loc, ShardRequest(loc->id(), hint, op, args));
+      bool ambiguous = false;
+      std::string reply =
+          Send(*loc, ShardRequest(loc->id(), hint, op, args), &ambiguous);
+      if (ambiguous) return reply;
       auto code = static_cast<StateCode>(reply[0]);
       if (code == StateCode::kMoved) {
         wire::Reader r(std::string_view(reply).substr(1));
