@@ -416,10 +416,18 @@ struct Directory::Impl {
       return absl::UnavailableError(absl::StrCat(
           "node ", res.from, " holding proclet ", id, " is not connected"));
     }
+    // The source aborts by `deadline`; the call waits a little longer for
+    // its answer, so that a move is never committed after being reported
+    // failed here.
+    auto host_deadline = std::min(
+        deadline, std::chrono::system_clock::now() + std::chrono::seconds(120));
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::min(deadline, std::chrono::system_clock::now() +
-                                            std::chrono::seconds(120)));
+    ctx.set_deadline(host_deadline + std::chrono::seconds(5));
     pv1::MigrateShardRequest req;
+    req.set_deadline_unix_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(
+            host_deadline.time_since_epoch())
+            .count());
     req.set_id(id);
     req.set_target_node(node);
     req.set_target_data_address(target->data_address);
@@ -535,7 +543,8 @@ struct Directory::Impl {
     return out;
   }
 
-  void Report(const std::string& node, const std::vector<Held>& held) {
+  void Report(const std::string& node, const std::string& data_address,
+              const std::vector<Held>& held) {
     std::vector<uint64_t> split;
     absl::MutexLock l(&mu);
     std::map<uint64_t, const Held*> by_id;
@@ -544,7 +553,26 @@ struct Directory::Impl {
     for (auto& [key, layout] : layouts) {
       bool dirty = false;
       for (auto& s : *layout.mutable_shards()) {
-        if (s.node() != node || s.state() != pv1::SHARD_ACTIVE) continue;
+        if (s.node() != node && s.state() != pv1::SHARD_MIGRATING) {
+          auto it = by_id.find(s.id());
+          if (it != by_id.end() && it->second->epoch > s.epoch()) {
+            fprintf(stderr,
+                    "silt-gateway: proclet %llu is on %s at epoch %llu (the "
+                    "directory had %s, epoch %llu): recorded there\n",
+                    static_cast<unsigned long long>(s.id()), node.c_str(),
+                    static_cast<unsigned long long>(it->second->epoch),
+                    s.node().c_str(),
+                    static_cast<unsigned long long>(s.epoch()));
+            s.set_node(node);
+            s.set_data_address(data_address);
+            s.set_epoch(it->second->epoch);
+            s.set_state(pv1::SHARD_ACTIVE);
+            changed[s.id()] = now;
+            dirty = true;
+          }
+          continue;
+        }
+        if (s.state() != pv1::SHARD_ACTIVE) continue;
         auto it = by_id.find(s.id());
         if (it == by_id.end()) {
           // The node does not have it: it restarted and lost it.
@@ -882,8 +910,9 @@ absl::StatusOr<DrainResult> Directory::Drain(const std::string& node,
   return impl_->Drain(node, options);
 }
 
-void Directory::Report(const std::string& node, const std::vector<Held>& held) {
-  impl_->Report(node, held);
+void Directory::Report(const std::string& node, const std::string& data_address,
+                       const std::vector<Held>& held) {
+  impl_->Report(node, data_address, held);
 }
 
 void Directory::NodeGone(const std::string& node) { impl_->NodeGone(node); }

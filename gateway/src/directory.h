@@ -139,9 +139,13 @@ class Directory {
 
   // From a node's load report: the shards it holds (id, bytes, count).
   struct Held {
-    uint64_t id, bytes, count;
+    uint64_t id, bytes, count, epoch;
   };
-  void Report(const std::string& node, const std::vector<Held>& held);
+  // A node's load report: the shards it holds. One that the directory places
+  // elsewhere but that the node holds at a newer epoch (a move whose outcome
+  // the directory missed) is recorded where it is.
+  void Report(const std::string& node, const std::string& data_address,
+              const std::vector<Held>& held);
   // The node is gone (stopped reporting): its shards are lost.
   void NodeGone(const std::string& node);
 

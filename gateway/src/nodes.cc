@@ -319,8 +319,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       if (!m.has_report()) continue;
       std::vector<Directory::Held> held;
       for (const auto& sh : m.report().shards())
-        held.push_back({sh.id(), sh.bytes(), sh.count()});
-      directory->Report(node->name, held);
+        held.push_back({sh.id(), sh.bytes(), sh.count(), sh.epoch()});
+      directory->Report(node->name, node->data_address, held);
       std::lock_guard<std::mutex> l(mu);
       if (metrics) {
         // Cumulative on the node; a smaller count is a restarted count.

@@ -365,7 +365,11 @@ class ProcletService final : public pv1::ProcletHost::Service {
   grpc::Status MigrateShard(grpc::ServerContext*,
                             const pv1::MigrateShardRequest* req,
                             pv1::MigrateShardResponse* res) override {
-    auto r = host_->Migrate(req->id(), req->target_data_address());
+    auto deadline = std::chrono::system_clock::time_point::max();
+    if (req->deadline_unix_ms() > 0)
+      deadline = std::chrono::system_clock::time_point(
+          std::chrono::milliseconds(req->deadline_unix_ms()));
+    auto r = host_->Migrate(req->id(), req->target_data_address(), deadline);
     if (!r.ok()) return ToGrpc(r.status());
     *res = *std::move(r);
     return grpc::Status::OK;

@@ -1230,8 +1230,9 @@ struct ProcletHost::Impl {
 
   // ---- migration (source side) ----
 
-  absl::StatusOr<pv1::MigrateShardResponse> Migrate(uint64_t id,
-                                                    const std::string& target) {
+  absl::StatusOr<pv1::MigrateShardResponse> Migrate(
+      uint64_t id, const std::string& target,
+      std::chrono::system_clock::time_point deadline) {
     auto start = Clock::now();
     std::shared_ptr<HostedShard> hs = Find(id);
     if (!hs) return absl::NotFoundError(absl::StrCat("no shard ", id, " here"));
@@ -1358,6 +1359,10 @@ struct ProcletHost::Impl {
         s = absl::InternalError("target lost the migration");
       if (!s.ok()) return abort(s);
     }
+
+    if (std::chrono::system_clock::now() > deadline)
+      return abort(absl::DeadlineExceededError(
+          absl::StrCat("moving shard ", id, " ran out of time; it stays")));
 
     // Final round: hold writes, send what changed and the final size, commit.
     Clock::time_point pause_start;
@@ -1562,8 +1567,9 @@ void ProcletHost::DropShards(const std::vector<uint64_t>& ids) {
 }
 
 absl::StatusOr<pv1::MigrateShardResponse> ProcletHost::Migrate(
-    uint64_t id, const std::string& target) {
-  auto res = impl_->Migrate(id, target);
+    uint64_t id, const std::string& target,
+    std::chrono::system_clock::time_point deadline) {
+  auto res = impl_->Migrate(id, target, deadline);
   if (res.ok()) {
     // Keep the tombstone (it answers MOVED) but forget the shard's bytes.
     fprintf(stderr,

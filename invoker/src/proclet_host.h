@@ -16,6 +16,7 @@
 #ifndef SILT_INVOKER_PROCLET_HOST_H_
 #define SILT_INVOKER_PROCLET_HOST_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -62,8 +63,12 @@ class ProcletHost {
   // Moves a shard to `target_data_address`: pre-copies while writes go on,
   // then holds writes only to send what changed since. On success the shard
   // answers MOVED here; on failure it keeps serving here, unchanged.
+  // DeadlineExceeded (and nothing moved) when the final round would start
+  // after `deadline`.
   absl::StatusOr<pv1::MigrateShardResponse> Migrate(
-      uint64_t id, const std::string& target_data_address);
+      uint64_t id, const std::string& target_data_address,
+      std::chrono::system_clock::time_point deadline =
+          std::chrono::system_clock::time_point::max());
   // Splits a map or vector shard at its middle; the upper half becomes shard
   // `new_id` on this node. FailedPrecondition when it cannot split.
   absl::StatusOr<pv1::SplitShardResponse> Split(uint64_t id, uint64_t new_id);
