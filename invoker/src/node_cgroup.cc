@@ -1,10 +1,5 @@
 #include "node_cgroup.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -14,20 +9,6 @@ namespace silt::invoker {
 namespace {
 
 constexpr uint64_t kCpuPeriodUs = 100000;
-
-absl::Status Write(const std::string& path, const std::string& value) {
-  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0)
-    return absl::InternalError(
-        absl::StrCat("open ", path, ": ", strerror(errno)));
-  ssize_t n = write(fd, value.data(), value.size());
-  int err = errno;
-  close(fd);
-  if (n != static_cast<ssize_t>(value.size()))
-    return absl::InternalError(
-        absl::StrCat("write \"", value, "\" to ", path, ": ", strerror(err)));
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -60,13 +41,15 @@ absl::StatusOr<std::unique_ptr<NodeCgroup>> NodeCgroup::Create(
       chain.push_back(at);
     }
     for (const auto& p : chain)
-      Write((p / "cgroup.subtree_control").string(), "+cpu +memory +pids")
+      WriteCgroupFile((p / "cgroup.subtree_control").string(),
+                      "+cpu +memory +pids")
           .IgnoreError();  // see above
-    if (auto s = Write(dir + "/memory.max",
-                       memory_bytes > 0 ? std::to_string(memory_bytes) : "max");
+    if (auto s = WriteCgroupFile(
+            dir + "/memory.max",
+            memory_bytes > 0 ? std::to_string(memory_bytes) : "max");
         !s.ok())
       return s;
-    if (auto s = Write(
+    if (auto s = WriteCgroupFile(
             dir + "/cpu.max",
             absl::StrCat(quota.empty() ? "max" : quota, " ", kCpuPeriodUs));
         !s.ok())
@@ -81,19 +64,24 @@ absl::StatusOr<std::unique_ptr<NodeCgroup>> NodeCgroup::Create(
   // memory first, on the way up memsw first; "-1" for both always works.
   bool memsw = std::filesystem::exists(mem + "/memory.memsw.limit_in_bytes");
   if (memsw)
-    Write(mem + "/memory.memsw.limit_in_bytes", "-1").IgnoreError();  // widen
-  if (auto s = Write(mem + "/memory.limit_in_bytes", limit); !s.ok()) return s;
+    WriteCgroupFile(mem + "/memory.memsw.limit_in_bytes", "-1")
+        .IgnoreError();  // widen
+  if (auto s = WriteCgroupFile(mem + "/memory.limit_in_bytes", limit); !s.ok())
+    return s;
   if (memsw) {
-    if (auto s = Write(mem + "/memory.memsw.limit_in_bytes", limit); !s.ok())
+    if (auto s = WriteCgroupFile(mem + "/memory.memsw.limit_in_bytes", limit);
+        !s.ok())
       return s;
   }
   std::string cpu = CgroupDir("cpu", name);
   if (auto s = make(cpu); !s.ok()) return s;
   cg->cpu_dir_ = cpu;
-  if (auto s = Write(cpu + "/cpu.cfs_period_us", std::to_string(kCpuPeriodUs));
+  if (auto s = WriteCgroupFile(cpu + "/cpu.cfs_period_us",
+                               std::to_string(kCpuPeriodUs));
       !s.ok())
     return s;
-  if (auto s = Write(cpu + "/cpu.cfs_quota_us", quota.empty() ? "-1" : quota);
+  if (auto s = WriteCgroupFile(cpu + "/cpu.cfs_quota_us",
+                               quota.empty() ? "-1" : quota);
       !s.ok())
     return s;
   // The instances' pids cgroups live below this one too.

@@ -734,8 +734,11 @@ struct ProcletHost::Impl {
 
   // ---- routing (instances' requests) ----
 
-  static std::string LayoutKey(const std::string& ns, const std::string& name) {
-    return absl::StrCat(ns, "/", name);
+  static std::string LayoutKey(std::string_view ns, std::string_view name) {
+    std::string key;
+    key.reserve(ns.size() + 1 + name.size());
+    key.append(ns).append("/").append(name);
+    return key;
   }
 
   absl::StatusOr<std::shared_ptr<const pv1::Layout>> GetLayout(
@@ -959,13 +962,10 @@ struct ProcletHost::Impl {
       default:
         return f;
     }
-    std::string key;
-    key.reserve(ns.size() + 1 + name.size());
-    key.append(ns).append("/").append(name);
     std::shared_ptr<const pv1::Layout> layout;
     {
       absl::MutexLock l(&layouts_mu);
-      auto it = layouts.find(key);
+      auto it = layouts.find(LayoutKey(ns, name));
       if (it == layouts.end()) return f;
       layout = it->second;
     }

@@ -1136,6 +1136,11 @@ void CleanupStaleCgroups(const std::string& prefix) {
 
 bool CgroupV2() { return IsV2(); }
 
+absl::Status WriteCgroupFile(const std::string& path,
+                             const std::string& value) {
+  return WriteFile(path, value);
+}
+
 std::string CgroupDir(const std::string& controller, const std::string& name) {
   std::string root = controller.empty()
                          ? "/sys/fs/cgroup" + OwnCgroup("")

@@ -151,6 +151,8 @@ void CleanupStaleCgroups(const std::string& prefix);
 // Whether instances' cgroups are cgroup v2 (/sys/fs/cgroup is the unified
 // hierarchy); else they are in the v1 memory, cpu and pids hierarchies.
 bool CgroupV2();
+// Writes `value` to a cgroup control file (one write, as the kernel wants).
+absl::Status WriteCgroupFile(const std::string& path, const std::string& value);
 
 // The directory of cgroup `name` (relative to this process's own cgroup; ""
 // for that one) in the v1 hierarchy of `controller`, or with controller "" in
