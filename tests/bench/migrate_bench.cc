@@ -25,7 +25,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -236,21 +235,14 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 2;
   }
-  std::ofstream(dir + "/stack.yml")
-      << "version: 1.0\nprovider:\n  name: openfaas\nfunctions:\n"
-      << "  statebench:\n    lang: cpp\n    handler: " << SILT_SOURCE_DIR
-      << "/tests/bench/statebench\n    image: statebench\n";
-  auto built = c.Silt({"build", "-f", dir + "/stack.yml"});
-  auto pushed = c.Silt({"push", "-f", dir + "/stack.yml"});
-  size_t at = pushed.out.find("sha256:");
-  if (built.exit_code != 0 || pushed.exit_code != 0 ||
-      at == std::string::npos) {
-    fprintf(stderr, "build/push failed:\n%s%s%s%s\n", built.out.c_str(),
-            built.err.c_str(), pushed.out.c_str(), pushed.err.c_str());
+  auto image = c.BuildAndPush(
+      "statebench", std::string(SILT_SOURCE_DIR) + "/tests/bench/statebench");
+  if (!image.ok()) {
+    fprintf(stderr, "%s\n", std::string(image.status().message()).c_str());
     return 2;
   }
   json d = {{"service", "sb"},
-            {"image", "statebench@" + pushed.out.substr(at, 71)},
+            {"image", *image},
             {"constraints", {"node.name==node-b"}}};
   if (auto r = c.gateway().Call("POST", "/system/functions", d.dump());
       r.status != 200) {

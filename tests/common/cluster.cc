@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -176,19 +177,35 @@ int Cluster::StopNode(const std::string& name, int sig) {
 }
 
 absl::Status Cluster::WaitNodes(size_t n) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   std::string last;
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto r = gateway_->Call("GET", "/system/nodes");
-    last = r.body;
-    if (r.status == 200) {
-      auto nodes = nlohmann::json::parse(r.body, nullptr, false);
-      if (nodes.is_array() && nodes.size() == n) return absl::OkStatus();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  if (Eventually([&] {
+        auto r = gateway_->Call("GET", "/system/nodes");
+        last = r.body;
+        auto nodes = nlohmann::json::parse(r.body, nullptr, false);
+        return r.status == 200 && nodes.is_array() && nodes.size() == n;
+      }))
+    return absl::OkStatus();
   return absl::DeadlineExceededError(
       absl::StrCat("expected ", n, " nodes registered; /system/nodes: ", last));
+}
+
+absl::StatusOr<std::string> Cluster::BuildAndPush(
+    const std::string& name, const std::string& handler_dir) {
+  const std::string stack = absl::StrCat(dir_, "/", name, ".yml");
+  std::ofstream(stack) << "version: 1.0\nprovider:\n  name: openfaas\n"
+                       << "functions:\n  " << name << ":\n    lang: cpp\n"
+                       << "    handler: " << handler_dir
+                       << "\n    image: " << name << "\n";
+  auto built = Silt({"build", "-f", stack});
+  if (built.exit_code != 0)
+    return absl::InternalError(
+        absl::StrCat("silt build ", name, ": ", built.out, built.err));
+  auto pushed = Silt({"push", "-f", stack});
+  size_t at = pushed.out.find("sha256:");
+  if (pushed.exit_code != 0 || at == std::string::npos)
+    return absl::InternalError(
+        absl::StrCat("silt push ", name, ": ", pushed.out, pushed.err));
+  return absl::StrCat(name, "@", pushed.out.substr(at, 71));
 }
 
 RunResult Cluster::Silt(std::vector<std::string> args,

@@ -74,6 +74,10 @@ class Cluster {
   // Runs the `silt` CLI against this cluster.
   RunResult Silt(std::vector<std::string> args,
                  const std::string& input = "") const;
+  // Builds the C++ function in `handler_dir` as `name` with the CLI and
+  // pushes it; returns the image to deploy ("name@sha256:...").
+  absl::StatusOr<std::string> BuildAndPush(const std::string& name,
+                                           const std::string& handler_dir);
   // Runs `argv` inside the node's network namespace (or plainly).
   std::vector<std::string> InNode(const std::string& name,
                                   std::vector<std::string> argv) const;

@@ -156,4 +156,14 @@ std::string MakeTempDir(const std::string& prefix) {
   return d != nullptr ? std::string(d) : std::string();
 }
 
+bool Eventually(const std::function<bool()>& cond,
+                std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return cond();
+}
+
 }  // namespace silt::testing

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,12 @@ RunResult RunCommand(
     const std::vector<std::pair<std::string, std::string>>& env = {});
 
 std::string MakeTempDir(const std::string& prefix);
+
+// Polls `cond` every 10 ms until it holds or `timeout` passes; the final
+// answer of `cond`. The only waiting tests do: on state the daemons change in
+// the background (load reports, idle reaping, snapshots).
+bool Eventually(const std::function<bool()>& cond,
+                std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
 }  // namespace silt::testing
 

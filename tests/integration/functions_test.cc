@@ -28,19 +28,6 @@ namespace {
 
 using nlohmann::json;
 
-// Polls `cond` until it holds or `timeout` passes. The only waiting the tests
-// do: on state that the daemons change in the background (load reports, idle
-// reaping).
-bool Eventually(const std::function<bool()>& cond,
-                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return cond();
-}
-
 class FunctionsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -26,16 +26,6 @@ namespace {
 
 using nlohmann::json;
 
-bool Eventually(const std::function<bool()>& cond,
-                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return cond();
-}
-
 class MigrationTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -99,17 +99,8 @@ else:
     print(run(sys.stdin.read()))
 )py";
 
-// Polls `cond` until it holds or `timeout` passes: for what the daemons do in
-// the background (snapshots).
-bool Eventually(const std::function<bool()>& cond,
-                std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return cond();
-}
+// How long to wait for what the daemons do in the background (snapshots).
+constexpr std::chrono::seconds kBackground{30};
 
 // One state API request as the Python function saw it.
 struct Step {
@@ -234,7 +225,7 @@ class StateApiTest : public ::testing::Test {
     return false;
   }
   bool WaitSnapshot(const std::string& fn) {
-    return Eventually([&] { return HasSnapshot(fn); });
+    return Eventually([&] { return HasSnapshot(fn); }, kBackground);
   }
 
   // What to look at when a snapshot does not come: the catalog and the
@@ -414,9 +405,12 @@ TEST_F(StateApiTest, HttpModeServerWaitsOnAQueue) {
                 "statepyhttp");
   });
   // The marker comes right before the pop: push once it is there.
-  EXPECT_TRUE(Eventually([&] {
-    return Py1(Req("GET", "/state/queues/py-ready")).body == R"({"size":1})";
-  }));
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return Py1(Req("GET", "/state/queues/py-ready")).body ==
+               R"({"size":1})";
+      },
+      kBackground));
   EXPECT_EQ(Py1(Req("POST", "/state/queues/py-wait", "wake up")).status, 204);
   waiter.join();
   ASSERT_EQ(popped.size(), 2u);
@@ -474,10 +468,12 @@ TEST_F(StateApiTest, StateSurvivesBootRestoreAndFork) {
                 Req("POST", "/state/queues/py-fork-go/pop?timeout_ms=20000")},
                "statepy", {{"X-Silt-Cold-Start", "fork"}}, &first_tier);
   });
-  EXPECT_TRUE(Eventually([&] {
-    return Py1(Req("GET", "/state/queues/py-fork-ready")).body ==
-           R"({"size":1})";
-  }));
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return Py1(Req("GET", "/state/queues/py-fork-ready")).body ==
+               R"({"size":1})";
+      },
+      kBackground));
   s = Py({{{"m", "ENV"}}, Req("POST", "/state/queues/py-fork-go", "go")},
          "statepy", {{"X-Silt-Cold-Start", "fork"}}, &tier);
   a.join();
@@ -500,11 +496,14 @@ TEST_F(StateApiTest, HttpModeServerKeepsItsAddressAcrossCheckpoints) {
   std::string url = s[0].body;
   EXPECT_EQ(s[1].status, 204) << s[1].body;
   bool snapshot = false;
-  ASSERT_TRUE(Eventually([&] {
-    snapshot = HasSnapshot("statepyhttp");
-    return snapshot ||
-           absl::StrContains(Diagnostics("statepyhttp"), "snapshot failed");
-  })) << Diagnostics("statepyhttp");
+  ASSERT_TRUE(Eventually(
+      [&] {
+        snapshot = HasSnapshot("statepyhttp");
+        return snapshot ||
+               absl::StrContains(Diagnostics("statepyhttp"), "snapshot failed");
+      },
+      kBackground))
+      << Diagnostics("statepyhttp");
   s = Py({{{"m", "ENV"}}, Req("GET", "/state/maps/py-kept/h")}, "statepyhttp");
   EXPECT_EQ(s[0].body, url);
   EXPECT_EQ(s[1].status, 200) << s[1].body;
