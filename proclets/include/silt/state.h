@@ -184,6 +184,14 @@ inline Result<bool> DecodeBool(const std::string& body) {
   return Result<bool>(v != 0);
 }
 
+// An operation without arguments whose answer is a count (the sizes).
+inline Result<uint64_t> RunCount(StructureHandle& h, wire::StateOp op) {
+  std::string req = h.Begin(op), body, msg;
+  StateCode c = h.Run(req, &body, &msg);
+  if (c != StateCode::kOk) return Fail<uint64_t>(c, msg);
+  return DecodeU64(body);
+}
+
 template <typename T>
 std::string Encoded(const T& v) {
   std::string s;
@@ -226,10 +234,7 @@ class Map {
     return KeyOp(wire::StateOp::kMapContains, key);
   }
   Result<uint64_t> Size() {
-    std::string req = h_.Begin(wire::StateOp::kMapSize), body, msg;
-    StateCode c = h_.Run(req, &body, &msg);
-    if (c != StateCode::kOk) return internal::Fail<uint64_t>(c, msg);
-    return internal::DecodeU64(body);
+    return internal::RunCount(h_, wire::StateOp::kMapSize);
   }
   // One value per key (nullopt where absent), in one round trip per shard.
   Result<std::vector<std::optional<V>>> MultiGet(const std::vector<K>& keys) {
@@ -317,10 +322,7 @@ class Vector {
     return c == StateCode::kOk ? Status(Done{}) : Status(c, msg);
   }
   Result<uint64_t> Size() {
-    std::string req = h_.Begin(wire::StateOp::kVecSize), body, msg;
-    StateCode c = h_.Run(req, &body, &msg);
-    if (c != StateCode::kOk) return internal::Fail<uint64_t>(c, msg);
-    return internal::DecodeU64(body);
+    return internal::RunCount(h_, wire::StateOp::kVecSize);
   }
   // Up to n elements from `first` (fewer at the end).
   Result<std::vector<T>> Range(uint64_t first, uint64_t n) {
@@ -380,10 +382,7 @@ class Queue {
     return internal::DecodeOne<T>(v);
   }
   Result<uint64_t> Size() {
-    std::string req = h_.Begin(wire::StateOp::kQueueSize), body, msg;
-    StateCode c = h_.Run(req, &body, &msg);
-    if (c != StateCode::kOk) return internal::Fail<uint64_t>(c, msg);
-    return internal::DecodeU64(body);
+    return internal::RunCount(h_, wire::StateOp::kQueueSize);
   }
 
  private:
