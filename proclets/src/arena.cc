@@ -1,4 +1,7 @@
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -7,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "layout.h"
 #include "proclets/shard.h"
 
 namespace silt::proclets {
@@ -20,17 +24,34 @@ size_t RoundUpToPage(size_t n) {
   return (n + Arena::kPageSize - 1) & ~(Arena::kPageSize - 1);
 }
 
+layout::ArenaControl* Control(char* map) {
+  return reinterpret_cast<layout::ArenaControl*>(map);
+}
+
 }  // namespace
 
 absl::StatusOr<Arena> Arena::Create(size_t reserve) {
   Arena arena;
+  arena.fd_ = memfd_create("silt-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (arena.fd_ < 0)
+    return absl::ResourceExhaustedError(
+        absl::StrCat("memfd_create: ", strerror(errno)));
   absl::Status s = arena.Grow(std::max(reserve, kPageSize));
   if (!s.ok()) return s;
+  // The owner's writable mapping exists now: from here on nobody may map the
+  // file writable, write it or shrink it (the sharers get it read-only).
+  if (fcntl(arena.fd_, F_ADD_SEALS,
+            F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0)
+    return absl::InternalError(
+        absl::StrCat("sealing an arena: ", strerror(errno)));
+  Control(arena.map_)->magic = layout::kMagic;
   return arena;
 }
 
 Arena::Arena(Arena&& other) noexcept
-    : base_(std::exchange(other.base_, nullptr)),
+    : fd_(std::exchange(other.fd_, -1)),
+      map_(std::exchange(other.map_, nullptr)),
+      base_(std::exchange(other.base_, nullptr)),
       mapped_(std::exchange(other.mapped_, 0)),
       used_(std::exchange(other.used_, 0)),
       tracking_(std::exchange(other.tracking_, false)),
@@ -40,7 +61,9 @@ Arena::Arena(Arena&& other) noexcept
 
 Arena& Arena::operator=(Arena&& other) noexcept {
   if (this != &other) {
-    if (base_ != nullptr) munmap(base_, mapped_);
+    Release();
+    fd_ = std::exchange(other.fd_, -1);
+    map_ = std::exchange(other.map_, nullptr);
     base_ = std::exchange(other.base_, nullptr);
     mapped_ = std::exchange(other.mapped_, 0);
     used_ = std::exchange(other.used_, 0);
@@ -51,8 +74,22 @@ Arena& Arena::operator=(Arena&& other) noexcept {
   return *this;
 }
 
-Arena::~Arena() {
-  if (base_ != nullptr) munmap(base_, mapped_);
+Arena::~Arena() { Release(); }
+
+void Arena::Release() {
+  if (map_ != nullptr) {
+    layout::ArenaControl* c = Control(map_);
+    const uint64_t seq = c->seq.load(std::memory_order_relaxed);
+    c->seq.store(seq | 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    c->state.store(layout::kRetired, std::memory_order_relaxed);
+    c->seq.store((seq | 1) + 1, std::memory_order_release);
+    munmap(map_, kPageSize + mapped_);
+  }
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  map_ = base_ = nullptr;
+  mapped_ = 0;
 }
 
 absl::Status Arena::Grow(size_t need) {
@@ -65,12 +102,27 @@ absl::Status Arena::Grow(size_t need) {
   // Doubling keeps a stream of appends at amortised O(1) remaps.
   size_t size = std::max(exact, std::min(mapped_ * 2, kMaxMapping));
   for (;;) {
-    void* p = base_ == nullptr ? mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-                               : mremap(base_, mapped_, size, MREMAP_MAYMOVE);
+    // A sharer cannot shrink the file, but one holding it writable through
+    // /proc could have grown it: larger than asked is fine.
+    bool sized = ftruncate(fd_, static_cast<off_t>(kPageSize + size)) == 0;
+    if (!sized && errno == EPERM) {
+      struct stat st;
+      sized = fstat(fd_, &st) == 0 &&
+              static_cast<size_t>(st.st_size) >= kPageSize + size;
+    }
+    void* p = MAP_FAILED;
+    if (sized) {
+      p = map_ == nullptr
+              ? mmap(nullptr, kPageSize + size, PROT_READ | PROT_WRITE,
+                     MAP_SHARED, fd_, 0)
+              : mremap(map_, kPageSize + mapped_, kPageSize + size,
+                       MREMAP_MAYMOVE);
+    }
     if (p != MAP_FAILED) {
-      base_ = static_cast<char*>(p);
+      map_ = static_cast<char*>(p);
+      base_ = map_ + kPageSize;
       mapped_ = size;
+      Control(map_)->size.store(size, std::memory_order_release);
       return absl::OkStatus();
     }
     if (size == exact) {
@@ -80,6 +132,50 @@ absl::Status Arena::Grow(size_t need) {
     }
     size = exact;  // The doubled size may not fit where the exact one does.
   }
+}
+
+void Arena::SetWindow(uint64_t lo, uint64_t hi, bool open) {
+  if (map_ == nullptr) return;
+  layout::ArenaControl* c = Control(map_);
+  BeginChange();
+  c->lo.store(lo, std::memory_order_relaxed);
+  c->hi.store(hi, std::memory_order_relaxed);
+  c->state.store(open ? layout::kOpen : layout::kClosed,
+                 std::memory_order_relaxed);
+  EndChange();
+}
+
+void Arena::BeginChange() {
+  if (map_ == nullptr) return;
+  layout::ArenaControl* c = Control(map_);
+  c->seq.store(c->seq.load(std::memory_order_relaxed) + 1,
+               std::memory_order_relaxed);
+  // Readers must see the odd sequence before any byte of the change.
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void Arena::EndChange() {
+  if (map_ == nullptr) return;
+  layout::ArenaControl* c = Control(map_);
+  c->seq.store(c->seq.load(std::memory_order_relaxed) + 1,
+               std::memory_order_release);
+}
+
+void Arena::TakeWindow(Arena& old) {
+  if (map_ == nullptr || old.map_ == nullptr) return;
+  layout::ArenaControl* from = Control(old.map_);
+  layout::ArenaControl* to = Control(map_);
+  to->lo.store(from->lo.load(std::memory_order_relaxed));
+  to->hi.store(from->hi.load(std::memory_order_relaxed));
+  to->state.store(from->state.load(std::memory_order_relaxed));
+  // Nobody maps this arena yet: it simply continues old's count, so that the
+  // caller's EndChange closes the change here.
+  to->seq.store(from->seq.load(std::memory_order_relaxed));
+  const uint64_t seq = from->seq.load(std::memory_order_relaxed);
+  from->seq.store(seq | 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  from->state.store(layout::kRetired, std::memory_order_relaxed);
+  from->seq.store((seq | 1) + 1, std::memory_order_release);
 }
 
 absl::StatusOr<uint64_t> Arena::Allocate(size_t n) {

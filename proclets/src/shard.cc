@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "layout.h"
 
 namespace silt::proclets {
 namespace {
@@ -29,43 +30,18 @@ namespace {
 static_assert(std::endian::native == std::endian::little,
               "shard arenas are little-endian byte images");
 
-constexpr uint32_t kMagic = 0x53544c53;  // "SLTS" in a hex dump.
-constexpr uint16_t kFormatVersion = 1;
+using layout::kEmptySlot;
+using layout::kFormatVersion;
+using layout::kMagic;
+using layout::kTombstone;
+using layout::MapEntry;
+using layout::MapHeader;
+using layout::Prefix;
+using layout::Slot;
+
 constexpr uint64_t kCompactMinDeadBytes = 64 * 1024;
-constexpr uint64_t kEmptySlot = 0;
-constexpr uint64_t kTombstone = 1;
 constexpr uint64_t kMinSlots = 16;
 constexpr uint64_t kMinTable = 16;
-
-struct Prefix {
-  uint32_t magic;
-  uint16_t version;
-  uint8_t kind;
-  uint8_t reserved;
-};
-
-struct MapHeader {
-  Prefix prefix;
-  uint64_t count;
-  uint64_t live_bytes;  // Key and value bytes of live entries.
-  uint64_t dead_bytes;  // Arena bytes nothing refers to any more.
-  uint64_t index_offset;
-  uint64_t index_slots;  // A power of two.
-  uint64_t index_used;   // Live slots plus tombstones.
-  uint64_t tombstones;
-};
-
-struct Slot {
-  uint64_t hash;
-  uint64_t offset;
-};
-
-struct MapEntry {
-  uint32_t klen;
-  uint32_t vlen;
-  uint32_t vcap;  // Room for the value, so that a shorter one can regrow.
-  uint32_t reserved;
-};
 
 struct VectorHeader {
   Prefix prefix;
@@ -92,9 +68,8 @@ struct Blob {
   uint32_t cap;
 };
 
-static_assert(sizeof(MapHeader) == 64 && sizeof(Slot) == 16 &&
-              sizeof(MapEntry) == 16 && sizeof(VectorHeader) == 56 &&
-              sizeof(QueueHeader) == 56 && sizeof(Blob) == 8);
+static_assert(sizeof(VectorHeader) == 56 && sizeof(QueueHeader) == 56 &&
+              sizeof(Blob) == 8);
 
 constexpr uint64_t Align8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
 
@@ -215,8 +190,22 @@ void ReplaceArena(Arena& arena, Arena fresh) {
     fresh.TrackWrites(true);
     fresh.MarkDirty(0, fresh.used());
   }
+  fresh.TakeWindow(arena);
   arena = std::move(fresh);
 }
+
+// One change of a map shard, for readers of its shared arena (the arena may
+// be replaced by a rebuild inside: the change ends on whatever arena_ is).
+class Change {
+ public:
+  explicit Change(Arena& arena) : arena_(arena) { arena_.BeginChange(); }
+  ~Change() { arena_.EndChange(); }
+  Change(const Change&) = delete;
+  Change& operator=(const Change&) = delete;
+
+ private:
+  Arena& arena_;
+};
 
 bool ShouldCompact(const Arena& a, uint64_t dead_bytes) {
   return !a.tracking() && dead_bytes > kCompactMinDeadBytes &&
@@ -868,6 +857,7 @@ absl::StatusOr<std::string_view> MapShard::Get(std::string_view key) const {
 }
 
 absl::Status MapShard::Put(std::string_view key, std::string_view value) {
+  Change change(arena_);
   absl::Status s = CheckKey(key);
   if (s.ok()) s = CheckValue(value);
   if (s.ok()) s = MapPut(arena_, KeyHash(key), key, value);
@@ -879,6 +869,7 @@ absl::Status MapShard::Put(std::string_view key, std::string_view value) {
 bool MapShard::Erase(std::string_view key) {
   const Probe probe = MapFind(arena_, KeyHash(key), key);
   if (!probe.found) return false;
+  Change change(arena_);
   MapHeader* h = MapHead(arena_);
   Slot* slots = At<Slot>(arena_, h->index_offset);
   const uint64_t mask = h->index_slots - 1;
@@ -936,6 +927,7 @@ std::optional<uint64_t> MapShard::MedianHash() const {
 }
 
 absl::StatusOr<std::unique_ptr<MapShard>> MapShard::SplitOff(uint64_t mid) {
+  Change change(arena_);
   absl::StatusOr<Arena> high =
       MapBuild(arena_, [mid](uint64_t hash) { return hash >= mid; });
   if (!high.ok()) return high.status();
@@ -950,6 +942,7 @@ absl::Status MapShard::Absorb(const MapShard& other) {
   if (&other == this) {
     return absl::InvalidArgumentError("a map shard cannot absorb itself");
   }
+  Change change(arena_);
   const MapHeader* h = MapHead(arena_);
   const uint64_t incoming = other.count();
   if ((h->index_used + incoming + 1) * 10 > h->index_slots * 7) {

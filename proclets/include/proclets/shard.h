@@ -43,8 +43,12 @@ uint64_t KeyHash(std::string_view key);
 inline constexpr size_t kMaxKeyBytes = 64 * 1024;
 inline constexpr size_t kMaxValueBytes = 1024 * 1024;
 
-// One contiguous, growable, offset-addressed region (an anonymous mapping that
-// grows with mremap; offsets never change). Bytes [0, used()) are the shard.
+// One contiguous, growable, offset-addressed region; offsets never change.
+// Bytes [0, used()) are the shard. It lives in a sealed memory file (a memfd:
+// a control page, then the arena's bytes) that grows with ftruncate and
+// mremap, so that its owner can hand it to other processes: they map it
+// read-only (SharedMapShard) and the seals stop them from writing or
+// shrinking it.
 class Arena {
  public:
   static constexpr size_t kPageSize = 4096;
@@ -53,7 +57,7 @@ class Arena {
   static absl::StatusOr<Arena> Create(size_t reserve = 64 * 1024);
   Arena(Arena&&) noexcept;
   Arena& operator=(Arena&&) noexcept;
-  ~Arena();
+  ~Arena();  // retires the window: sharers stop reading
 
   size_t used() const { return used_; }
   size_t mapped() const { return mapped_; }
@@ -80,9 +84,29 @@ class Arena {
   absl::Status WriteAt(uint64_t offset, std::string_view bytes,
                        size_t new_used);
 
+  // ---- sharing with readers in other processes ----
+  // The memory file (owned by the arena; dup it to hand it out).
+  int memory_fd() const { return fd_; }
+  // What sharers may answer from the arena: while open, the entries whose
+  // hint (a map's KeyHash) lies in [lo, hi) (hi == UINT64_MAX: no upper
+  // end). A new arena's window is closed; its owner opens it once the arena
+  // is the authoritative copy of that range, and closes it before the range
+  // changes or the arena stops being authoritative (a migration's freeze).
+  void SetWindow(uint64_t lo, uint64_t hi, bool open);
+  // Bracket every change to the arena's bytes (a sequence lock readers
+  // check): the containers call them around each mutation. Not nested.
+  void BeginChange();
+  void EndChange();
+  // A container rebuilt into `this` fresh arena, inside a change of `old`:
+  // takes over old's window and its open change, and retires `old`.
+  void TakeWindow(Arena& old);
+
  private:
   Arena() = default;
   absl::Status Grow(size_t need);
+  void Release();
+  int fd_ = -1;
+  char* map_ = nullptr;  // the control page; base_ follows it
   char* base_ = nullptr;
   size_t mapped_ = 0;
   size_t used_ = 0;
