@@ -35,6 +35,7 @@
 #include "channel.h"
 #include "frames.h"
 #include "invoker/proto/invoker.pb.h"
+#include "local_maps.h"
 #include "proclets/function_library.h"
 #include "sandbox.h"
 #include "silt/state_wire.h"
@@ -56,12 +57,14 @@ constexpr int kChannel = 3;
 constexpr int kState = 4;  // the state connection to the invoker
 
 // The function's state service: requests go to the invoker on kState, one at
-// a time (the handler may call from several threads).
+// a time (the handler may call from several threads), except map reads that
+// a shard of this node answers in place (LocalMaps).
 class StateLink {
  public:
   // Takes `fd` as kState (or closes the link when fd < 0).
   void Attach(int fd) {
     std::lock_guard<std::mutex> l(mu_);
+    local_.Clear();
     if (fd >= 0 && fd != kState) {
       dup3(fd, kState, O_CLOEXEC);
       close(fd);
@@ -79,18 +82,40 @@ class StateLink {
     auto* self = static_cast<StateLink*>(host);
     std::lock_guard<std::mutex> l(self->mu_);
     if (!self->open_) return -1;
-    if (!WriteBytesFrame(kState, std::string_view(req, len)).ok() ||
-        !self->reader_->Next(&self->reply_).ok()) {
-      self->open_ = false;
+    if (!self->local_.TryAnswer(std::string_view(req, len), &self->reply_) &&
+        !self->RoundTrip(std::string_view(req, len)))
       return -1;
-    }
     append(out, self->reply_.data(), self->reply_.size());
     return 0;
+  }
+  bool RoundTrip(std::string_view req) {
+    if (!WriteBytesFrame(kState, req).ok() || !reader_->Next(&reply_).ok()) {
+      open_ = false;
+      return false;
+    }
+    return true;
+  }
+  // kShareMap: the reply carries the memory files (and nothing is buffered
+  // past a reply: one request at a time).
+  std::vector<int> Share(std::string_view req) {
+    std::vector<int> fds;
+    if (!open_) return fds;
+    if (!WriteBytesFrame(kState, req).ok() ||
+        !ReadFrameWithFds(kState, wire::kMaxFrameBytes, &reply_, &fds).ok()) {
+      open_ = false;
+      return fds;
+    }
+    if (reply_.empty() || reply_[0] != 0) {
+      for (int fd : fds) close(fd);
+      fds.clear();
+    }
+    return fds;
   }
   std::mutex mu_;
   bool open_ = false;
   std::unique_ptr<FrameReader> reader_;
   std::string reply_;
+  LocalMaps local_{[this](std::string_view req) { return Share(req); }};
   silt_state_api api_{this, &StateLink::Call};
 };
 StateLink g_state;

@@ -113,3 +113,58 @@ absl::Status FrameReader::Next(std::string* out) {
 }
 
 }  // namespace silt::invoker
+
+namespace silt::invoker {
+namespace {
+
+// Fills [p, p + n) with recvmsg, keeping any fds that arrive.
+absl::Status RecvWithFds(int fd, char* p, size_t n, std::vector<int>* fds) {
+  while (n > 0) {
+    iovec iov{p, n};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (got < 0 && errno == EINTR) continue;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); got >= 0 && c != nullptr;
+         c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int received;
+        memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds->push_back(received);
+      }
+    }
+    if (got <= 0)
+      return absl::UnavailableError(got == 0 ? "connection closed"
+                                             : strerror(errno));
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReadFrameWithFds(int fd, size_t max_frame, std::string* out,
+                              std::vector<int>* fds) {
+  uint32_t len = 0;
+  absl::Status s = RecvWithFds(fd, reinterpret_cast<char*>(&len), 4, fds);
+  if (s.ok() && len > max_frame)
+    s = absl::DataLossError(absl::StrCat("frame of ", len, " bytes"));
+  if (s.ok()) {
+    out->resize(len);
+    s = RecvWithFds(fd, out->data(), len, fds);
+  }
+  if (!s.ok()) {
+    for (int f : *fds) close(f);
+    fds->clear();
+  }
+  return s;
+}
+
+}  // namespace silt::invoker

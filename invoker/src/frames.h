@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -21,6 +22,13 @@ absl::Status WriteBytesFrame(int fd, std::string_view payload);
 void AppendFrame(std::string* out, std::string_view payload);
 // Writes all of `bytes`. Unavailable when the peer is gone.
 absl::Status WriteAll(int fd, std::string_view bytes);
+
+// Reads exactly one frame (nothing past it) from a unix socket, collecting
+// the file descriptors sent along with any of its bytes (close-on-exec).
+// Unavailable when the peer closed, DataLoss for a frame over the limit (the
+// fds received are closed then).
+absl::Status ReadFrameWithFds(int fd, size_t max_frame, std::string* out,
+                              std::vector<int>* fds);
 
 // Reads frames from one socket, buffering so that a small frame costs one
 // read. Not thread-safe: one reader per socket.

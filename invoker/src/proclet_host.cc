@@ -1,6 +1,7 @@
 #include "proclet_host.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -162,6 +163,12 @@ struct HostedShard {
     if (vec) return &vec->arena();
     if (queue) return &queue->arena();
     return nullptr;
+  }
+  // Opens or closes what instances on this node may read of a map shard
+  // straight from its arena (they get its memory file: ShareMap): open only
+  // while this copy is authoritative for info's range and nothing is moving.
+  void Publish(bool open) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (map) map->arena().SetWindow(info.lo(), info.hi(), open);
   }
   uint64_t count() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (map) return map->count();
@@ -408,6 +415,7 @@ struct ProcletHost::Impl {
           auto m = MapShard::Adopt(std::move(arena), kCheck);
           if (!m.ok()) return m.status();
           hs->map = *std::move(m);
+          hs->Publish(true);  // the source froze: this copy is the one now
           break;
         }
         case pv1::KIND_VECTOR: {
@@ -926,6 +934,38 @@ struct ProcletHost::Impl {
   // The state loop's fast path: an operation on one shard whose location is
   // cached, answered here if the shard is here (without waiting), else
   // forwarded to its node. Everything else: kSlow (HandleInstance).
+  // kShareMap: the memory files of ns/name's map shards held here, for the
+  // instance to read them in place. Their windows say what it may answer.
+  StateLoopBackend::Shared Share(const std::string& ns, std::string_view req) {
+    constexpr size_t kMaxShared = 64;  // well under SCM_MAX_FD
+    StateLoopBackend::Shared out;
+    wire::Reader r(req);
+    StateOp op;
+    StateKind kind;
+    std::string_view name;
+    if (!wire::ReadRequestHeader(&r, &op, &kind, &name) ||
+        kind != StateKind::kMap || !wire::ValidStructureName(name)) {
+      out.reply = Error(StateCode::kInvalid, "malformed share request");
+      return out;
+    }
+    std::vector<std::shared_ptr<HostedShard>> candidates;
+    {
+      absl::MutexLock l(&mu);
+      for (auto& [id, hs] : shards) candidates.push_back(hs);
+    }
+    for (auto& hs : candidates) {
+      if (out.fds.size() == kMaxShared) break;
+      absl::MutexLock l(&hs->mu);
+      if (hs->gone || !hs->map || hs->info.namespace_() != ns ||
+          hs->info.structure() != name)
+        continue;
+      int fd = fcntl(hs->map->arena().memory_fd(), F_DUPFD_CLOEXEC, 0);
+      if (fd >= 0) out.fds.push_back(fd);
+    }
+    out.reply = Reply(StateCode::kOk);
+    return out;
+  }
+
   StateLoopBackend::Fast Fast(const std::string& ns, std::string_view req) {
     using Path = StateLoopBackend::Fast::Path;
     StateLoopBackend::Fast f;
@@ -1100,6 +1140,8 @@ struct ProcletHost::Impl {
       case StateOp::kQueuePush:
       case StateOp::kQueuePop:
         return Route(ns, name, kind, 0, op, args);
+      case StateOp::kShareMap:  // the loop hands these to Share
+        break;
     }
     return Error(StateCode::kInvalid,
                  absl::StrCat("unknown operation ", static_cast<int>(op)));
@@ -1261,6 +1303,7 @@ struct ProcletHost::Impl {
     }
     auto abort = [&](absl::Status s) {
       absl::MutexLock l(&hs->mu);
+      if (hs->frozen && !hs->gone) hs->Publish(true);
       hs->frozen = false;
       if (auto* a = hs->arena()) a->TrackWrites(false);
       return s;
@@ -1375,6 +1418,7 @@ struct ProcletHost::Impl {
     {
       absl::MutexLock l(&hs->mu);
       hs->frozen = true;
+      hs->Publish(false);  // local readers ask the host, which waits
       pause_start = Clock::now();
       batch.clear();
       proclets::Arena* a = hs->arena();
@@ -1475,6 +1519,9 @@ absl::StatusOr<std::unique_ptr<ProcletHost>> ProcletHost::Start(
       return Error(StateCode::kInternal, "internal error");
     }
   };
+  backend.share = [raw](const std::string& ns, std::string_view req) {
+    return raw->Share(ns, req);
+  };
   backend.final_reply = [](std::string_view reply) {
     return Impl::IsFinal(reply);
   };
@@ -1522,6 +1569,7 @@ absl::Status ProcletHost::CreateShard(const pv1::ShardInfo& info) {
         auto m = MapShard::Create();
         if (!m.ok()) return m.status();
         hs->map = *std::move(m);
+        hs->Publish(true);
         break;
       }
       case pv1::KIND_VECTOR: {
@@ -1604,8 +1652,12 @@ absl::StatusOr<pv1::SplitShardResponse> ProcletHost::Split(uint64_t id,
       if (!mid || *mid <= hs->info.lo())
         return absl::FailedPreconditionError("too few keys to split");
       at = *mid;
+      hs->Publish(false);  // its range is about to shrink
       auto upper = hs->map->SplitOff(at);
-      if (!upper.ok()) return upper.status();
+      if (!upper.ok()) {
+        hs->Publish(true);
+        return upper.status();
+      }
       child->map = *std::move(upper);
     } else if (hs->vec) {
       if (hs->vec->count() < 2)
@@ -1620,6 +1672,8 @@ absl::StatusOr<pv1::SplitShardResponse> ProcletHost::Split(uint64_t id,
     child->info.set_lo(at);
     child->info.set_hi(hs->info.hi());
     hs->info.set_hi(at);
+    hs->Publish(true);
+    child->Publish(true);
     hs->splits.emplace_back(at, child);
     *res.mutable_lower() = hs->info;
     *res.mutable_upper() = child->info;
@@ -1654,14 +1708,21 @@ absl::StatusOr<pv1::ShardInfo> ProcletHost::Merge(uint64_t keep_id,
     return absl::FailedPreconditionError(
         absl::StrCat("shard ", absorb_id, " does not follow shard ", keep_id));
   absl::Status s = absl::FailedPreconditionError("queues do not merge");
+  keep->Publish(false);
+  absorb->Publish(false);
   if (keep->map && absorb->map) s = keep->map->Absorb(*absorb->map);
   if (keep->vec && absorb->vec) s = keep->vec->Absorb(*absorb->vec);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    keep->Publish(true);
+    absorb->Publish(true);
+    return s;
+  }
   // Children split off into what is keep's range again no longer apply.
   std::erase_if(keep->splits, [&](const auto& split) {
     return split.first >= keep->info.hi() && split.first < absorb->info.hi();
   });
   keep->info.set_hi(absorb->info.hi());
+  keep->Publish(true);
   absorb->map.reset();
   absorb->vec.reset();
   absorb->merged_into = keep;

@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "silt/state_wire.h"
 
 namespace silt::invoker {
 namespace {
@@ -104,6 +105,11 @@ class OutBuf {
     buf_.append(payload);
     queued_ += 4 + payload.size();
   }
+  // The rest of a frame whose first bytes went out another way.
+  void Raw(std::string_view bytes) {
+    buf_.append(bytes);
+    queued_ += bytes.size();
+  }
   bool empty() const { return off_ == buf_.size(); }
   // Bytes ever queued / ever sent (to tell which frames left).
   uint64_t queued() const { return queued_; }
@@ -182,6 +188,7 @@ struct StateLoop::Impl {
   struct Done {
     uint64_t instance;
     std::string reply;
+    std::vector<int> fds;  // sent along with the reply, then closed
   };
   struct Task {
     uint64_t instance;
@@ -213,6 +220,8 @@ struct StateLoop::Impl {
     {
       absl::MutexLock l(&mu);
       for (auto& a : attached) close(a.fd);
+      for (auto& d : done)
+        for (int fd : d.fds) close(fd);
     }
     if (wake_fd >= 0) close(wake_fd);
     if (epfd >= 0) close(epfd);
@@ -259,7 +268,8 @@ struct StateLoop::Impl {
     for (auto& x : a) AddInstance(x.fd, std::move(x.ns), std::move(x.function));
     for (auto& x : d) {
       auto it = instances.find(x.instance);
-      if (it != instances.end()) Answer(*it->second, x.reply);
+      if (it != instances.end()) Answer(*it->second, x.reply, x.fds);
+      for (int fd : x.fds) close(fd);
     }
     return true;
   }
@@ -327,11 +337,43 @@ struct StateLoop::Impl {
     instances.erase(it);
   }
 
-  void Answer(Instance& c, std::string_view reply) {
-    c.out.Frame(reply);
+  void Answer(Instance& c, std::string_view reply,
+              const std::vector<int>& fds = {}) {
+    if (fds.empty() || !c.out.empty() || !SendWithFds(c, reply, fds))
+      c.out.Frame(reply);
     if (!c.out.Flush(c.fd)) c.dead = true;
     c.busy = false;
     Serve(c);
+  }
+
+  // Sends the reply's first bytes with the fds attached (SCM_RIGHTS) and
+  // queues the rest; false when nothing could be sent (the reply then goes
+  // without them: the instance simply maps nothing).
+  bool SendWithFds(Instance& c, std::string_view reply,
+                   const std::vector<int>& fds) {
+    std::string frame;
+    uint32_t len = static_cast<uint32_t>(reply.size());
+    frame.append(reinterpret_cast<const char*>(&len), 4);
+    frame.append(reply);
+    iovec iov{frame.data(), frame.size()};
+    std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
+    ssize_t n;
+    do {
+      n = sendmsg(c.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) return false;
+    c.out.Raw(std::string_view(frame).substr(static_cast<size_t>(n)));
+    return true;
   }
 
   void Dispatch(Instance& c, std::string req) {
@@ -525,17 +567,22 @@ struct StateLoop::Impl {
         t = std::move(tasks.front());
         tasks.pop_front();
       }
-      std::string reply;
+      StateLoopBackend::Shared reply;
       try {
-        reply = backend.slow(t.ns, t.function, t.request);
+        if (!t.request.empty() &&
+            t.request[0] == static_cast<char>(wire::StateOp::kShareMap))
+          reply = backend.share(t.ns, t.request);
+        else
+          reply.reply = backend.slow(t.ns, t.function, t.request);
       } catch (const std::exception& e) {  // last line of defence
         fprintf(stderr, "silt-invoker: state request of namespace %s: %s\n",
                 t.ns.c_str(), e.what());
-        reply = backend.internal_error();
+        reply.reply = backend.internal_error();
       }
       {
         absl::MutexLock l(&mu);
-        done.push_back({t.instance, std::move(reply)});
+        done.push_back(
+            {t.instance, std::move(reply.reply), std::move(reply.fds)});
       }
       Wake();
     }

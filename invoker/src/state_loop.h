@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -37,6 +38,14 @@ struct StateLoopBackend {
   std::function<std::string(const std::string& ns, const std::string& function,
                             std::string_view request)>
       slow;
+  // A kShareMap request (the instance maps the arenas of the map shards
+  // held here and reads them itself): the reply, and the arenas' memory files
+  // (dup'd; the loop sends them along and closes them). May block.
+  struct Shared {
+    std::string reply;
+    std::vector<int> fds;
+  };
+  std::function<Shared(const std::string& ns, std::string_view request)> share;
   // A peer's reply to a forwarded frame; false: serve the request on the
   // slow path instead (it moved, or its node is unreachable).
   std::function<bool(std::string_view reply)> final_reply;

@@ -112,11 +112,10 @@ absl::Status Arena::Grow(size_t need) {
     }
     void* p = MAP_FAILED;
     if (sized) {
-      p = map_ == nullptr
-              ? mmap(nullptr, kPageSize + size, PROT_READ | PROT_WRITE,
-                     MAP_SHARED, fd_, 0)
-              : mremap(map_, kPageSize + mapped_, kPageSize + size,
-                       MREMAP_MAYMOVE);
+      p = map_ == nullptr ? mmap(nullptr, kPageSize + size,
+                                 PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0)
+                          : mremap(map_, kPageSize + mapped_, kPageSize + size,
+                                   MREMAP_MAYMOVE);
     }
     if (p != MAP_FAILED) {
       map_ = static_cast<char*>(p);

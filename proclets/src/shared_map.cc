@@ -47,9 +47,8 @@ Found Find(const char* arena, size_t size, uint64_t hash, std::string_view key,
       h.prefix.kind != static_cast<uint8_t>(ShardKind::kMap))
     return Found::kTorn;
   const uint64_t slots = h.index_slots;
-  if (slots == 0 || (slots & (slots - 1)) != 0 ||
-      slots > size / sizeof(Slot) || h.index_offset > size ||
-      slots * sizeof(Slot) > size - h.index_offset)
+  if (slots == 0 || (slots & (slots - 1)) != 0 || slots > size / sizeof(Slot) ||
+      h.index_offset > size || slots * sizeof(Slot) > size - h.index_offset)
     return Found::kTorn;
   const char* index = arena + h.index_offset;
   const uint64_t mask = slots - 1;
@@ -119,8 +118,7 @@ SharedMapShard::Read SharedMapShard::Contains(std::string_view key,
   return Lookup(key, hash, nullptr);
 }
 
-SharedMapShard::Read SharedMapShard::Lookup(std::string_view key,
-                                            uint64_t hash,
+SharedMapShard::Read SharedMapShard::Lookup(std::string_view key, uint64_t hash,
                                             std::string* value) {
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
     const auto* c = reinterpret_cast<const ArenaControl*>(map_);
@@ -133,8 +131,7 @@ SharedMapShard::Read SharedMapShard::Lookup(std::string_view key,
     if (state == layout::kRetired) return Read::kRetired;
     const uint64_t lo = c->lo.load(std::memory_order_relaxed);
     const uint64_t hi = c->hi.load(std::memory_order_relaxed);
-    if (state != layout::kOpen || hash < lo ||
-        (hash >= hi && hi != UINT64_MAX))
+    if (state != layout::kOpen || hash < lo || (hash >= hi && hi != UINT64_MAX))
       return Read::kNotHere;
     const size_t size = c->size.load(std::memory_order_relaxed);
     if (size > mapped_) {

@@ -63,9 +63,13 @@ class MigrationTest : public ::testing::Test {
     auto r = cluster_->Silt({"push", "-f", suite_dir_ + "/stack.yml"});
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     // The function runs on node-b, its state lives on node-a.
-    json d = {{"service", "probe"},
-              {"image", "probe@" + r.out.substr(r.out.find("sha256:"), 71)},
-              {"constraints", {"node.name==node-b"}}};
+    image_ = "probe@" + r.out.substr(r.out.find("sha256:"), 71);
+    Deploy("probe", "node-b");
+  }
+  void Deploy(const std::string& name, const std::string& node) {
+    json d = {{"service", name},
+              {"image", image_},
+              {"constraints", {"node.name==" + node}}};
     ASSERT_EQ(
         cluster_->gateway().Call("POST", "/system/functions", d.dump()).status,
         200);
@@ -75,9 +79,15 @@ class MigrationTest : public ::testing::Test {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
-  deploy::HttpResult Invoke(const std::string& path) {
-    return cluster_->gateway().Call("POST", "/function/probe" + path, "",
+  deploy::HttpResult Invoke(const std::string& path,
+                            const std::string& function = "probe") {
+    return cluster_->gateway().Call("POST", "/function/" + function + path, "",
                                     /*with_auth=*/false);
+  }
+  deploy::HttpResult Migrate(uint64_t id, const std::string& node) {
+    return cluster_->gateway().Call(
+        "POST", absl::StrCat("/system/proclets/", id, "/migrate"),
+        json{{"node", node}}.dump());
   }
 
   json Proclets(const std::string& structure) {
@@ -91,7 +101,7 @@ class MigrationTest : public ::testing::Test {
   }
 
   static std::string suite_dir_;
-  std::string dir_;
+  std::string dir_, image_;
   std::unique_ptr<Cluster> cluster_;
 };
 
@@ -197,6 +207,61 @@ TEST_F(MigrationTest, ShardsSplitAsTheyGrowAndMergeAsTheyShrink) {
   EXPECT_EQ(Invoke("/kv/mget?name=grow&n=100&p=left&v=v").body, "100");
   EXPECT_EQ(Invoke("/kv/size?name=grow").body, "100");
   EXPECT_EQ(Invoke("/kv/get?name=grow&k=left7").body, "v7");
+}
+
+// An instance on the node that holds a map shard reads it in place (it maps
+// the shard's arena); while the shard moves away and back under a stream of
+// writes, a reader there never sees a value go back, and maps it again once
+// it is home.
+TEST_F(MigrationTest, ReadsOnTheShardsNodeComeFromItsArenaAndFollowMoves) {
+  StartCluster();
+  if (IsSkipped()) return;
+  Deploy("probe-a", "node-a");
+  ASSERT_EQ(Invoke("/kv/put?name=rd&k=x&v=1").status, 200);
+  json shards = Proclets("rd");
+  ASSERT_EQ(shards.size(), 1u) << shards.dump();
+  ASSERT_EQ(shards[0]["node"], "node-a");
+  uint64_t id = shards[0]["id"];
+  auto first = Invoke("/kv/watch?name=rd&k=x&until=1&ms=5000", "probe-a");
+  ASSERT_EQ(first.status, 200) << first.body;
+  EXPECT_EQ(first.body, "reads=1 last=1 mapped=1");
+
+  constexpr int kWrites = 400;
+  deploy::HttpResult watched;
+  std::thread reader([&] {
+    watched = Invoke(
+        absl::StrCat("/kv/watch?name=rd&k=x&until=", kWrites, "&ms=50000"),
+        "probe-a");
+  });
+  int failed_writes = 0;
+  for (int v = 2; v <= kWrites; ++v) {
+    if (v == kWrites / 3) {
+      EXPECT_EQ(Migrate(id, "node-b").status, 200);
+    } else if (v == 2 * kWrites / 3) {
+      EXPECT_EQ(Migrate(id, "node-a").status, 200);
+    }
+    failed_writes +=
+        Invoke(absl::StrCat("/kv/put?name=rd&k=x&v=", v)).status != 200;
+  }
+  reader.join();
+  EXPECT_EQ(failed_writes, 0);
+  ASSERT_EQ(watched.status, 200) << watched.body;
+  EXPECT_NE(watched.body.find(absl::StrCat("last=", kWrites)),
+            std::string::npos)
+      << watched.body;
+  // Home again: the instance maps the shard's arena once more (it looks for
+  // shards that came to its node about once a second).
+  deploy::HttpResult home;
+  EXPECT_TRUE(Eventually([&] {
+    home = Invoke("/kv/watch?name=rd&k=x&until=1&ms=5000", "probe-a");
+    return home.body.find("mapped=1") != std::string::npos;
+  })) << home.body;
+
+  // Away on node-b, the shard is read through the invokers and node-a's
+  // instance lets go of the old arena.
+  ASSERT_EQ(Migrate(id, "node-b").status, 200);
+  auto away = Invoke("/kv/watch?name=rd&k=x&until=1&ms=5000", "probe-a");
+  EXPECT_EQ(away.body, absl::StrCat("reads=1 last=", kWrites, " mapped=0"));
 }
 
 // The data port answers only peers that open with the cluster's key: a

@@ -135,8 +135,7 @@ TEST(SharedMapTest, ReadsUnderConcurrentChangesAreNeverTornNorOld) {
     ++found;
     uint64_t version = std::stoull(value.substr(value.find(':') + 1));
     if (value != make(k, version) || version < last[k]) {
-      ADD_FAILURE() << key << " read " << value << " after version "
-                    << last[k];
+      ADD_FAILURE() << key << " read " << value << " after version " << last[k];
       ++bad;
     }
     last[k] = version;

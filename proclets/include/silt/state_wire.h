@@ -19,7 +19,11 @@
 namespace silt::wire {
 
 enum class StateOp : uint8_t {
-  kOpen = 1,          // u32 initial_shards, u64 max_shard_bytes (0 = defaults)
+  kOpen = 1,  // u32 initial_shards, u64 max_shard_bytes (0 = defaults)
+  // silt-worker -> its invoker: the arenas of the map's shards held on this
+  // node, to read them in place (their memory files ride along with the
+  // kOk reply as SCM_RIGHTS; proclets/shared_map.h reads them).
+  kShareMap = 2,
   kMapGet = 10,       // str key -> str value | kNotFound
   kMapPut = 11,       // str key, str value
   kMapErase = 12,     // str key -> u8 existed

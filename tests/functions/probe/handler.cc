@@ -106,6 +106,35 @@ silt::Response StateCall(std::string_view path, const silt::Request& req,
       return r.ok() ? silt::Response::Text(200, std::to_string(*r))
                     : StateError(r.code(), r.message());
     }
+    if (op == "watch") {
+      // Reads k (an integer) until it reaches `until` or `ms` pass; answers
+      // 500 if a read ever saw it go back. The body: reads, last value, and
+      // whether the process maps a shard arena (reads served in place).
+      long until = std::atol(Param(req.query, "until").c_str()), last = 0;
+      auto deadline =
+          std::chrono::steady_clock::now() +
+          std::chrono::milliseconds(std::atoi(Param(req.query, "ms").c_str()));
+      long reads = 0;
+      while (last < until && std::chrono::steady_clock::now() < deadline) {
+        auto r = m.Get(k);
+        if (!r.ok()) return StateError(r.code(), r.message());
+        long v = std::atol(r->c_str());
+        ++reads;
+        if (v < last)
+          return silt::Response::Text(500, "went back from " +
+                                               std::to_string(last) + " to " +
+                                               std::to_string(v));
+        last = v;
+      }
+      std::ifstream maps("/proc/self/maps");
+      std::stringstream text;
+      text << maps.rdbuf();
+      return silt::Response::Text(
+          200,
+          "reads=" + std::to_string(reads) + " last=" + std::to_string(last) +
+              " mapped=" +
+              (text.str().find("silt-arena") != std::string::npos ? "1" : "0"));
+    }
     if (op == "mput") {  // n keys k0..k{n-1} with prefix p, value v
       int n = std::atoi(Param(req.query, "n").c_str());
       std::string p = Param(req.query, "p"), v = Param(req.query, "v");
