@@ -1140,7 +1140,8 @@ struct ProcletHost::Impl {
       case StateOp::kQueuePush:
       case StateOp::kQueuePop:
         return Route(ns, name, kind, 0, op, args);
-      case StateOp::kShareMap:  // the loop hands these to Share
+      case StateOp::kShareMap:  // the loop serves these itself
+      case StateOp::kShareRing:
         break;
     }
     return Error(StateCode::kInvalid,

@@ -2,11 +2,14 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -25,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "silt/state_wire.h"
+#include "state_ring.h"
 
 namespace silt::invoker {
 namespace {
@@ -34,6 +38,12 @@ constexpr size_t kMaxPoolThreads = 256;
 // epoll data: the kind of source in the top bits, its id below.
 constexpr uint64_t kWake = uint64_t{1} << 62;
 constexpr uint64_t kPeerBit = uint64_t{1} << 61;
+constexpr uint64_t kRingBit = uint64_t{1} << 60;
+
+void FutexWake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr,
+          nullptr, 0);
+}
 
 // Frames in from a non-blocking socket, without zero-filling the buffer.
 class InBuf {
@@ -158,6 +168,10 @@ struct StateLoop::Impl {
     bool readable = false;  // the socket may hold unread bytes
     bool hangup = false;    // the peer closed its end (read to EOF)
     bool dead = false;
+    bool watch_out = false;     // EPOLLOUT is subscribed (a reply is stuck)
+    StateRing* ring = nullptr;  // the shared mailbox, once asked for
+    int doorbell = -1;          // its eventfd (in the epoll set)
+    bool via_ring = false;      // the request being served came that way
   };
   struct Pending {
     uint64_t instance;
@@ -215,7 +229,10 @@ struct StateLoop::Impl {
       threads.swap(pool);
     }
     for (auto& t : threads) t.join();
-    for (auto& [id, c] : instances) close(c->fd);
+    for (auto& [id, c] : instances) {
+      close(c->fd);
+      DropRing(*c);
+    }
     for (auto& [id, p] : peers) close(p->fd);
     {
       absl::MutexLock l(&mu);
@@ -245,6 +262,8 @@ struct StateLoop::Impl {
           uint64_t v;
           (void)!read(wake_fd, &v, sizeof(v));
           if (!TakeHandoffs()) return;
+        } else if (tag & kRingBit) {
+          OnRing(tag & ~kRingBit);
         } else if (tag & kPeerBit) {
           OnPeer(tag & ~kPeerBit, events[i].events);
         } else {
@@ -283,7 +302,10 @@ struct StateLoop::Impl {
     c->readable = true;
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    // No EPOLLOUT unless a reply is stuck: a unix socket signals write space
+    // each time the instance reads a reply, a wake-up per operation for
+    // nothing.
+    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
     ev.data.u64 = c->id;
     if (epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
       close(fd);
@@ -306,6 +328,17 @@ struct StateLoop::Impl {
     Serve(c);
   }
 
+  // Subscribes to EPOLLOUT exactly while c has unsent bytes.
+  void WatchOut(Instance& c) {
+    if (c.dead || c.watch_out == !c.out.empty()) return;
+    c.watch_out = !c.out.empty();
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET |
+                (c.watch_out ? uint32_t{EPOLLOUT} : 0u);
+    ev.data.u64 = c.id;
+    epoll_ctl(epfd, EPOLL_CTL_MOD, c.fd, &ev);
+  }
+
   // Reads and serves requests until the instance waits for an answer or has
   // nothing more to say.
   void Serve(Instance& c) {
@@ -326,6 +359,7 @@ struct StateLoop::Impl {
       if (f == InBuf::Fill::kClosed) c.dead = true;
       c.readable = f == InBuf::Fill::kMore;
     }
+    WatchOut(c);
     if (c.dead && !c.busy) Close(c.id);
   }
 
@@ -334,16 +368,99 @@ struct StateLoop::Impl {
     if (it == instances.end()) return;
     epoll_ctl(epfd, EPOLL_CTL_DEL, it->second->fd, nullptr);
     close(it->second->fd);
+    DropRing(*it->second);
     instances.erase(it);
+  }
+
+  // ---- the shared mailbox (state_ring.h) ----
+
+  void DropRing(Instance& c) {
+    if (c.doorbell >= 0) {
+      // The instance holds a dup: the registration would outlive our close.
+      epoll_ctl(epfd, EPOLL_CTL_DEL, c.doorbell, nullptr);
+      close(c.doorbell);
+    }
+    if (c.ring != nullptr) munmap(c.ring, sizeof(StateRing));
+    c.doorbell = -1;
+    c.ring = nullptr;
+  }
+
+  // kShareRing: makes the mailbox and sends its memory file and doorbell.
+  void ShareRing(Instance& c) {
+    DropRing(c);
+    int mem = memfd_create("silt-state-ring", MFD_CLOEXEC);
+    int bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    void* p = MAP_FAILED;
+    if (mem >= 0 && ftruncate(mem, sizeof(StateRing)) == 0)
+      p = mmap(nullptr, sizeof(StateRing), PROT_READ | PROT_WRITE, MAP_SHARED,
+               mem, 0);
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLET;  // every doorbell write is an edge
+    ev.data.u64 = c.id | kRingBit;
+    if (p == MAP_FAILED || bell < 0 ||
+        epoll_ctl(epfd, EPOLL_CTL_ADD, bell, &ev) != 0) {
+      if (p != MAP_FAILED) munmap(p, sizeof(StateRing));
+      if (mem >= 0) close(mem);
+      if (bell >= 0) close(bell);
+      Deliver(c, backend.internal_error());
+      return;
+    }
+    c.ring = static_cast<StateRing*>(p);
+    c.doorbell = bell;
+    Deliver(c, std::string(1, '\0'), {mem, bell});
+    close(mem);
+  }
+
+  // The instance rang: take its request out of the mailbox.
+  void OnRing(uint64_t id) {
+    auto it = instances.find(id);
+    if (it == instances.end()) return;
+    Instance& c = *it->second;
+    if (c.busy || c.dead || c.ring == nullptr ||
+        c.ring->state.load(std::memory_order_acquire) != kRingRequest)
+      return;
+    const uint32_t len = c.ring->len.load(std::memory_order_relaxed);
+    if (len > StateRing::kDataBytes) {
+      c.dead = true;
+      return Serve(c);
+    }
+    std::string req(c.ring->data, len);
+    c.ring->state.store(kRingIdle, std::memory_order_relaxed);
+    c.via_ring = true;
+    Dispatch(c, std::move(req));
+    Serve(c);
+  }
+
+  void PostRing(Instance& c, RingState state) {
+    c.ring->state.store(state, std::memory_order_seq_cst);
+    if (c.ring->waiting.load(std::memory_order_seq_cst) != 0)
+      FutexWake(&c.ring->state);
+  }
+
+  // Sends a reply the way its request came.
+  void Deliver(Instance& c, std::string_view reply,
+               const std::vector<int>& fds = {}) {
+    const bool ring = std::exchange(c.via_ring, false) && c.ring != nullptr;
+    if (ring && fds.empty() && reply.size() <= StateRing::kDataBytes) {
+      memcpy(c.ring->data, reply.data(), reply.size());
+      c.ring->len.store(static_cast<uint32_t>(reply.size()),
+                        std::memory_order_relaxed);
+      PostRing(c, kRingReply);
+      return;
+    }
+    if (fds.empty() || !c.out.empty() || !SendWithFds(c, reply, fds))
+      c.out.Frame(reply);
+    if (!c.out.Flush(c.fd)) c.dead = true;
+    if (ring) PostRing(c, kRingReplyOnSocket);
   }
 
   void Answer(Instance& c, std::string_view reply,
               const std::vector<int>& fds = {}) {
-    if (fds.empty() || !c.out.empty() || !SendWithFds(c, reply, fds))
-      c.out.Frame(reply);
-    if (!c.out.Flush(c.fd)) c.dead = true;
+    Deliver(c, reply, fds);
     c.busy = false;
-    Serve(c);
+    const uint64_t id = c.id;
+    Serve(c);    // (may close c)
+    OnRing(id);  // (a request can only be posted after this reply)
   }
 
   // Sends the reply's first bytes with the fds attached (SCM_RIGHTS) and
@@ -377,6 +494,13 @@ struct StateLoop::Impl {
   }
 
   void Dispatch(Instance& c, std::string req) {
+    if (!req.empty() &&
+        req[0] == static_cast<char>(wire::StateOp::kShareRing)) {
+      c.busy = true;
+      ShareRing(c);
+      c.busy = false;
+      return;
+    }
     StateLoopBackend::Fast f;
     try {
       f = backend.fast(c.ns, req);
@@ -387,8 +511,7 @@ struct StateLoop::Impl {
     c.busy = true;
     switch (f.path) {
       case StateLoopBackend::Fast::Path::kReply:
-        c.out.Frame(f.reply);
-        if (!c.out.Flush(c.fd)) c.dead = true;
+        Deliver(c, f.reply);
         c.busy = false;
         return;
       case StateLoopBackend::Fast::Path::kForward: {

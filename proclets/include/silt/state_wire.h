@@ -24,6 +24,10 @@ enum class StateOp : uint8_t {
   // node, to read them in place (their memory files ride along with the
   // kOk reply as SCM_RIGHTS; proclets/shared_map.h reads them).
   kShareMap = 2,
+  // silt-worker -> its invoker: a shared-memory mailbox for requests and
+  // replies (invoker/src/state_ring.h); its memory file and doorbell eventfd
+  // ride along with the kOk reply.
+  kShareRing = 3,
   kMapGet = 10,       // str key -> str value | kNotFound
   kMapPut = 11,       // str key, str value
   kMapErase = 12,     // str key -> u8 existed
