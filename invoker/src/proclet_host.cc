@@ -44,7 +44,7 @@ constexpr int kMaxAttempts = 6;
 constexpr uint64_t kFinalRoundBytes = 128 * 1024;
 // Past this many dirty bytes pre-copy goes on even when rounds stop
 // shrinking: the final round's bytes are the write pause.
-constexpr uint64_t kMaxFinalRoundBytes = 1 << 20;
+constexpr uint64_t kMaxFinalRoundBytes = 256 * 1024;
 constexpr int kMaxPrecopyRounds = 30;
 constexpr size_t kChunkBytes = 1 << 20;
 
@@ -155,6 +155,9 @@ struct HostedShard {
   std::vector<std::pair<uint64_t, std::shared_ptr<HostedShard>>> splits
       ABSL_GUARDED_BY(mu);
   bool closing ABSL_GUARDED_BY(mu) = false;  // the host is stopping
+  // While a migration's pre-copy does not converge, writes wait this long
+  // first (auto-converge: the rounds shrink, and so does the final pause).
+  std::atomic<uint32_t> throttle_us{0};
   // Set when merged into the shard below it: that one serves its range now.
   std::shared_ptr<HostedShard> merged_into ABSL_GUARDED_BY(mu);
 
@@ -517,6 +520,14 @@ struct ProcletHost::Impl {
       return Error(StateCode::kInvalid, "malformed shard request");
     std::shared_ptr<HostedShard> hs = Find(id);
     if (!hs) return MovedReply("", 0);
+    if (uint32_t wait = hs->throttle_us.load(std::memory_order_relaxed);
+        wait > 0 && IsWrite(static_cast<StateOp>(op))) {
+      if (would_block) {
+        *would_block = true;
+        return "";
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(wait));
+    }
     std::shared_ptr<HostedShard> keep;
     std::string moved;
     uint64_t moved_epoch = 0;
@@ -528,6 +539,21 @@ struct ProcletHost::Impl {
     ops.fetch_add(1, std::memory_order_relaxed);
     s->mu.Unlock();
     return reply;
+  }
+
+  static bool IsWrite(StateOp op) {
+    switch (op) {
+      case StateOp::kMapPut:
+      case StateOp::kMapErase:
+      case StateOp::kMapMultiPut:
+      case StateOp::kVecPush:
+      case StateOp::kVecSet:
+      case StateOp::kQueuePush:
+      case StateOp::kQueuePop:
+        return true;
+      default:
+        return false;
+    }
   }
 
   // In a multi-get reply: the key belongs to another shard.
@@ -1281,6 +1307,11 @@ struct ProcletHost::Impl {
     if (!hs) return absl::NotFoundError(absl::StrCat("no shard ", id, " here"));
     if (target == address)
       return absl::InvalidArgumentError("the shard is already on that node");
+    // However the move ends, writers stop waiting.
+    struct Unthrottle {
+      HostedShard* shard;
+      ~Unthrottle() { shard->throttle_us.store(0, std::memory_order_relaxed); }
+    } unthrottle{hs.get()};
     std::string hello = Hello();
     if (hello.empty())
       return absl::UnavailableError("no data-port key from the gateway yet");
@@ -1378,6 +1409,11 @@ struct ProcletHost::Impl {
       // what is left is still small.
       bool converging = rounds == 1 || bytes < last_round_bytes * 3 / 4;
       last_round_bytes = bytes;
+      if (!converging) {  // slow the writers down, more each time
+        uint32_t t = hs->throttle_us.load(std::memory_order_relaxed);
+        hs->throttle_us.store(std::min<uint32_t>(std::max(2 * t, 100u), 3200),
+                              std::memory_order_relaxed);
+      }
       if (bytes < kFinalRoundBytes ||
           (!converging && bytes < kMaxFinalRoundBytes)) {
         // Put them back for the final round: simplest is to resend them
