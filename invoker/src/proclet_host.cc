@@ -192,8 +192,51 @@ struct PeerConn {
 
 }  // namespace
 
+// Frees what it is given on its own thread: the arenas of shards that moved
+// away (unmapping and truncating tens of MiB takes milliseconds, which would
+// otherwise be part of every move).
+class Reaper {
+ public:
+  Reaper() : thread_([this] { Run(); }) {}
+  ~Reaper() {
+    {
+      absl::MutexLock l(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+  void Free(std::shared_ptr<void> garbage) {
+    if (!garbage) return;
+    absl::MutexLock l(&mu_);
+    queue_.push_back(std::move(garbage));
+  }
+
+ private:
+  void Run() {
+    while (true) {
+      std::vector<std::shared_ptr<void>> batch;
+      {
+        absl::MutexLock l(&mu_);
+        mu_.Await(absl::Condition(
+            +[](Reaper* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
+              return r->stopping_ || !r->queue_.empty();
+            },
+            this));
+        batch.swap(queue_);
+        if (batch.empty() && stopping_) return;
+      }
+      batch.clear();
+    }
+  }
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::shared_ptr<void>> queue_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
 struct ProcletHost::Impl {
   ProcletHostOptions options;
+  Reaper reaper;
   std::string address;
   std::atomic<uint64_t> ops{0};  // shard operations executed (metrics)
   int listener = -1;
@@ -1486,7 +1529,7 @@ struct ProcletHost::Impl {
         hs->frozen = false;
         hs->moved_to = target;
         hs->moved_epoch = info.epoch();
-        // Freed after the pause (unmapping a large arena takes a while).
+        // Freed by the reaper, after the pause and off the mover's path.
         old_map = std::move(hs->map);
         old_vec = std::move(hs->vec);
         old_queue = std::move(hs->queue);
@@ -1496,9 +1539,9 @@ struct ProcletHost::Impl {
     double pause_ms =
         std::chrono::duration<double, std::milli>(Clock::now() - pause_start)
             .count();
-    old_map.reset();
-    old_vec.reset();
-    old_queue.reset();
+    reaper.Free(std::move(old_map));
+    reaper.Free(std::move(old_vec));
+    reaper.Free(std::move(old_queue));
     pv1::MigrateShardResponse res;
     res.set_epoch(info.epoch());
     res.set_bytes(sent);
