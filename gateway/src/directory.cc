@@ -584,6 +584,12 @@ struct Directory::Impl {
         }
         s.set_bytes(it->second->bytes);
         s.set_count(it->second->count);
+        if (it->second->hi != s.hi() &&
+            ReconcileRange(layout, s.id(), *it->second, held, node,
+                           data_address, now)) {
+          dirty = true;
+          break;  // the shard list changed under the loop: next report
+        }
         if (layout.max_shard_bytes() > 0 &&
             it->second->bytes > layout.max_shard_bytes())
           split.push_back(s.id());
@@ -602,6 +608,80 @@ struct Directory::Impl {
       to_split.insert(split.begin(), split.end());
       to_merge.insert(merge.begin(), merge.end());
     }
+  }
+
+  // The node serves shard `id` with another upper bound than the directory
+  // has: a split or merge it made whose answer the directory never got. A
+  // split left the upper half on the node as a shard the directory does not
+  // know (same structure, starting where `h` now ends): it is added. A merge
+  // widened `id` over the shards above it, which the node no longer holds:
+  // they are dropped. Returns whether the layout changed.
+  bool ReconcileRange(pv1::Layout& layout, uint64_t id, const Held& h,
+                      const std::vector<Held>& held, const std::string& node,
+                      const std::string& data_address, Clock::time_point now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    pv1::ShardLocation* s = LocOf(&layout, id);
+    if (s == nullptr) return false;
+    const uint64_t old_hi = s->hi();
+    const bool split =
+        h.hi != kOpenEnd && (old_hi == kOpenEnd || h.hi < old_hi);
+    if (split) {
+      const Held* upper = nullptr;
+      for (const auto& u : held)
+        if (u.lo == h.hi && u.ns == layout.namespace_() &&
+            u.structure == layout.name() && !owner.contains(u.id))
+          upper = &u;
+      if (upper == nullptr) return false;  // not (yet) reported: wait
+      s->set_hi(h.hi);
+      auto* up = layout.add_shards();
+      up->set_id(upper->id);
+      up->set_lo(upper->lo);
+      up->set_hi(upper->hi);
+      up->set_node(node);
+      up->set_data_address(data_address);
+      up->set_epoch(upper->epoch);
+      up->set_state(pv1::SHARD_ACTIVE);
+      up->set_bytes(upper->bytes);
+      up->set_count(upper->count);
+      owner[upper->id] = Key(layout.namespace_(), layout.name());
+      next_id = std::max(next_id, upper->id + 1);
+      changed[id] = changed[upper->id] = now;
+      fprintf(stderr,
+              "silt-gateway: proclet %llu was split on %s (answer lost): "
+              "proclet %llu recorded\n",
+              static_cast<unsigned long long>(id), node.c_str(),
+              static_cast<unsigned long long>(upper->id));
+    } else {
+      // Merged: every shard inside (old_hi, h.hi] belongs to `id` now.
+      std::vector<uint64_t> gone;
+      for (const auto& o : layout.shards()) {
+        if (o.id() == id || o.lo() < old_hi ||
+            (h.hi != kOpenEnd && (o.hi() > h.hi || o.hi() == kOpenEnd)))
+          continue;
+        // Absorbed shards were moved here first and are no longer held.
+        bool still_held = false;
+        for (const auto& x : held) still_held |= x.id == o.id();
+        if (o.node() != node || still_held) return false;
+        gone.push_back(o.id());
+      }
+      s->set_hi(h.hi);
+      changed[id] = now;
+      auto* shards = layout.mutable_shards();
+      for (int i = shards->size() - 1; i >= 0; --i) {
+        if (std::find(gone.begin(), gone.end(), shards->Get(i).id()) ==
+            gone.end())
+          continue;
+        owner.erase(shards->Get(i).id());
+        shards->DeleteSubrange(i, 1);
+      }
+      fprintf(stderr,
+              "silt-gateway: proclet %llu absorbed %zu proclet(s) on %s "
+              "(answer lost): recorded\n",
+              static_cast<unsigned long long>(id), gone.size(), node.c_str());
+    }
+    std::sort(layout.mutable_shards()->begin(), layout.mutable_shards()->end(),
+              [](const auto& a, const auto& b) { return a.lo() < b.lo(); });
+    return true;
   }
 
   // Whether shards i and i+1 of the layout (sorted by lo) should merge: both
@@ -725,6 +805,34 @@ struct Directory::Impl {
 
   // Splits a shard in two on its node; the upper half then goes to the node
   // with the most free memory if that is another one.
+  // Records a split the node made: `id` keeps the lower half, `new_id` is
+  // the upper one, on the same node.
+  void Record(pv1::Layout& l, uint64_t id, uint64_t new_id,
+              const std::string& node, const DirectoryNode& holder,
+              const pv1::SplitShardResponse& res)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    pv1::Layout* layout = &l;
+    pv1::ShardLocation* loc = LocOf(layout, id);
+    loc->set_hi(res.lower().hi());
+    loc->set_bytes(res.lower().bytes());
+    auto* up = layout->add_shards();
+    up->set_id(new_id);
+    up->set_lo(res.upper().lo());
+    up->set_hi(res.upper().hi());
+    up->set_node(node);
+    up->set_data_address(holder.data_address);
+    up->set_epoch(res.upper().epoch());
+    up->set_state(pv1::SHARD_ACTIVE);
+    up->set_bytes(res.upper().bytes());
+    std::sort(layout->mutable_shards()->begin(),
+              layout->mutable_shards()->end(),
+              [](const auto& a, const auto& b) { return a.lo() < b.lo(); });
+    layout->set_version(layout->version() + 1);
+    owner[new_id] = Key(layout->namespace_(), layout->name());
+    changed[id] = changed[new_id] = Clock::now();
+    Persist(*layout).IgnoreError();
+  }
+
   void SplitOne(uint64_t id) {
     absl::MutexLock change(&change_mu);
     std::string node;
@@ -756,7 +864,7 @@ struct Directory::Impl {
     pv1::SplitShardResponse res;
     auto st = FromGrpc(StubFor(*holder)->SplitShard(&ctx, req, &res),
                        absl::StrCat("splitting proclet ", id));
-    if (!st.ok()) {
+    if (!st.ok()) {  // if it split anyway, the node's reports will say so
       fprintf(stderr, "silt-gateway: %s\n", std::string(st.message()).c_str());
       return;
     }
@@ -764,25 +872,9 @@ struct Directory::Impl {
       absl::MutexLock l(&mu);
       pv1::Layout* layout = LayoutOf(id);
       if (layout == nullptr) return;
-      pv1::ShardLocation* loc = LocOf(layout, id);
-      loc->set_hi(res.lower().hi());
-      loc->set_bytes(res.lower().bytes());
-      auto* up = layout->add_shards();
-      up->set_id(new_id);
-      up->set_lo(res.upper().lo());
-      up->set_hi(res.upper().hi());
-      up->set_node(node);
-      up->set_data_address(holder->data_address);
-      up->set_epoch(res.upper().epoch());
-      up->set_state(pv1::SHARD_ACTIVE);
-      up->set_bytes(res.upper().bytes());
-      std::sort(layout->mutable_shards()->begin(),
-                layout->mutable_shards()->end(),
-                [](const auto& a, const auto& b) { return a.lo() < b.lo(); });
-      layout->set_version(layout->version() + 1);
-      owner[new_id] = Key(layout->namespace_(), layout->name());
-      changed[id] = changed[new_id] = Clock::now();
-      Persist(*layout).IgnoreError();
+      // A report may have shown the split already (ReconcileRange).
+      if (!owner.contains(new_id))
+        Record(*layout, id, new_id, node, *holder, res);
     }
     auto ranked = ByFreeMemory(Placeable());
     if (!ranked.empty() && ranked.front().name != node &&

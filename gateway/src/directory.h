@@ -140,10 +140,14 @@ class Directory {
   // From a node's load report: the shards it holds (id, bytes, count).
   struct Held {
     uint64_t id, bytes, count, epoch;
+    uint64_t lo, hi;  // the range the node serves with it
+    std::string ns, structure;
   };
-  // A node's load report: the shards it holds. One that the directory places
-  // elsewhere but that the node holds at a newer epoch (a move whose outcome
-  // the directory missed) is recorded where it is.
+  // A node's load report: the shards it holds. What the directory missed is
+  // recorded as the node has it: a shard the directory places elsewhere but
+  // the node holds at a newer epoch (a move whose answer was lost), a shard
+  // whose range the node split or merged (a split or merge whose answer was
+  // lost: the upper half is added, the absorbed shard dropped).
   void Report(const std::string& node, const std::string& data_address,
               const std::vector<Held>& held);
   // The node is gone (stopped reporting): its shards are lost.

@@ -319,7 +319,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       if (!m.has_report()) continue;
       std::vector<Directory::Held> held;
       for (const auto& sh : m.report().shards())
-        held.push_back({sh.id(), sh.bytes(), sh.count(), sh.epoch()});
+        held.push_back({sh.id(), sh.bytes(), sh.count(), sh.epoch(), sh.lo(),
+                        sh.hi(), sh.namespace_(), sh.structure()});
       directory->Report(node->name, node->data_address, held);
       std::lock_guard<std::mutex> l(mu);
       if (metrics) {

@@ -149,6 +149,10 @@ absl::Status Cluster::AddNode(const NodeOptions& options) {
   if (!p.ok()) return p.status();
   auto line = p->WaitForLine("listening on ", std::chrono::seconds(30));
   if (!line.ok()) return line.status();
+  std::string_view text = *line;
+  size_t at = text.find("listening on ");
+  text = text.substr(at + 13);
+  it->second.grpc = std::string(text.substr(0, text.find_first_of(" \n")));
   it->second.process = std::make_unique<Process>(*std::move(p));
   return absl::OkStatus();
 }

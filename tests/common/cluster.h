@@ -71,6 +71,10 @@ class Cluster {
   const std::string& address(const std::string& name) const {
     return nodes_.at(name).ip;
   }
+  // The node's invoker gRPC address (what the gateway calls), "host:port".
+  const std::string& grpc_address(const std::string& name) const {
+    return nodes_.at(name).grpc;
+  }
   // Runs the `silt` CLI against this cluster.
   RunResult Silt(std::vector<std::string> args,
                  const std::string& input = "") const;
@@ -87,6 +91,7 @@ class Cluster {
     std::string ip;
     std::string netns;  // empty without namespaces
     std::string link;   // its end of the veth pair, inside netns
+    std::string grpc;   // the invoker's gRPC address, once started
     std::unique_ptr<Process> process;
   };
   Cluster() = default;

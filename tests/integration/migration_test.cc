@@ -18,7 +18,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cluster.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "invoker/proto/proclets.grpc.pb.h"
 #include "nlohmann/json.hpp"
 
 namespace silt::testing {
@@ -262,6 +264,39 @@ TEST_F(MigrationTest, ReadsOnTheShardsNodeComeFromItsArenaAndFollowMoves) {
   ASSERT_EQ(Migrate(id, "node-b").status, 200);
   auto away = Invoke("/kv/watch?name=rd&k=x&until=1&ms=5000", "probe-a");
   EXPECT_EQ(away.body, absl::StrCat("reads=1 last=", kWrites, " mapped=0"));
+}
+
+// A split whose answer never reached the gateway (the node split; the call
+// timed out or the gateway went away) is learnt from the node's reports: the
+// upper half appears in the directory, so that moving the lower half does
+// not strand it. Here the split is asked of the node behind the gateway's
+// back, which is exactly what the gateway sees when the answer is lost.
+TEST_F(MigrationTest, ASplitWhoseAnswerWasLostIsRecordedFromReports) {
+  StartCluster();
+  if (IsSkipped()) return;
+  ASSERT_EQ(Invoke("/kv/mput?name=lost&n=400&p=k&v=v").status, 200);
+  json shards = Proclets("lost");
+  ASSERT_EQ(shards.size(), 1u) << shards.dump();
+  uint64_t id = shards[0]["id"];
+  auto stub = silt::proclets::v1::ProcletHost::NewStub(grpc::CreateChannel(
+      cluster_->grpc_address("node-a"), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  silt::proclets::v1::SplitShardRequest req;
+  req.set_id(id);
+  req.set_new_id(900000);
+  silt::proclets::v1::SplitShardResponse res;
+  ASSERT_TRUE(stub->SplitShard(&ctx, req, &res).ok());
+
+  ASSERT_TRUE(Eventually([&] { return Proclets("lost").size() == 2; }))
+      << Proclets("lost").dump();
+  shards = Proclets("lost");
+  EXPECT_EQ(shards[1]["id"], 900000) << shards.dump();
+  EXPECT_EQ(shards[1]["node"], "node-a") << shards.dump();
+  EXPECT_EQ(Invoke("/kv/size?name=lost").body, "400");
+  // The lower half moves alone; every key is still there.
+  ASSERT_EQ(Migrate(id, "node-b").status, 200);
+  EXPECT_EQ(Invoke("/kv/mget?name=lost&n=400&p=k&v=v").body, "400");
+  EXPECT_EQ(Invoke("/kv/get?name=lost&k=k399").body, "v399");
 }
 
 // The data port answers only peers that open with the cluster's key: a
