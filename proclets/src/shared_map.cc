@@ -1,6 +1,5 @@
 #include "proclets/shared_map.h"
 
-#include <immintrin.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,6 +27,14 @@ constexpr size_t kPage = Arena::kPageSize;
 constexpr int kAttempts = 16;
 
 enum class Found { kYes, kNo, kTorn };
+
+void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 template <typename T>
 T Load(const char* p) {
@@ -124,7 +131,7 @@ SharedMapShard::Read SharedMapShard::Lookup(std::string_view key, uint64_t hash,
     const auto* c = reinterpret_cast<const ArenaControl*>(map_);
     const uint64_t seq = c->seq.load(std::memory_order_acquire);
     if (seq & 1) {
-      _mm_pause();
+      CpuRelax();
       continue;
     }
     const uint32_t state = c->state.load(std::memory_order_relaxed);
