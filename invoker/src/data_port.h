@@ -1,0 +1,81 @@
+// The proclet host's data port: where peers (after proving the cluster's key,
+// peer_wire.h) run operations on the shards held here, and where shards that
+// migrate to this node arrive. Each peer connection is served, in order, on a
+// thread of its own.
+//
+// Thread safety: thread-safe. The port owns its listener, its acceptor thread
+// and the peer connections with their threads (guarded by its mutex); the
+// shards live in the ShardTable it was given.
+#ifndef SILT_INVOKER_DATA_PORT_H_
+#define SILT_INVOKER_DATA_PORT_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "peer_wire.h"
+#include "shard_table.h"
+
+namespace silt::invoker {
+
+class DataPort {
+ public:
+  // Binds `data_listen` (host:port; port 0 picks one) without accepting yet.
+  // InvalidArgument for a bad address, Unavailable when it cannot listen.
+  // `shards` and `key` must outlive the port.
+  static absl::StatusOr<std::unique_ptr<DataPort>> Listen(
+      const std::string& data_listen, ShardTable& shards, const DataKey& key);
+  ~DataPort();  // Shutdown(), then Join()
+
+  DataPort(const DataPort&) = delete;
+  DataPort& operator=(const DataPort&) = delete;
+
+  // host:port of the port (with the port picked when 0 was asked for).
+  const std::string& address() const { return address_; }
+
+  // Starts accepting peers (once).
+  void StartAccepting();
+  // Stops accepting and shuts down every peer connection, so that no shard
+  // arrives from now on; their threads may still be finishing (Join).
+  // Idempotent.
+  void Shutdown();
+  // Joins the connection threads and closes the listener. Call after
+  // Shutdown(). Idempotent.
+  void Join();
+
+ private:
+  DataPort(ShardTable& shards, const DataKey& key, int listener,
+           std::string address);
+
+  void AcceptLoop();
+  // Runs `serve(fd)` on a thread of its own until it returns; then closes fd.
+  void Spawn(int fd, std::function<void(int)> serve);
+  // A peer's connection: its requests are answered in order, and the answers
+  // to requests that arrived together leave in one write.
+  void ServePeer(int fd);
+
+  ShardTable& shards_;
+  const DataKey& key_;
+  // Written only before the acceptor starts and after it is joined.
+  int listener_;
+  const std::string address_;
+  std::thread acceptor_;
+
+  absl::Mutex mu_;  // the peer connections
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_conn_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, int> conn_fds_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::thread> conn_threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace silt::invoker
+
+#endif  // SILT_INVOKER_DATA_PORT_H_

@@ -1,0 +1,72 @@
+#include "peer_wire.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "silt/state_wire.h"
+
+namespace silt::invoker {
+
+absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(
+    const std::string& addr) {
+  size_t colon = addr.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(addr.substr(colon + 1), &port) || port > 65535)
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad address \"", addr, "\" (want host:port)"));
+  return std::make_pair(addr.substr(0, colon), static_cast<uint16_t>(port));
+}
+
+absl::StatusOr<int> Dial(const std::string& addr) {
+  auto hp = SplitHostPort(addr);
+  if (!hp.ok()) return hp.status();
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(hp->second);
+  if (inet_pton(AF_INET, hp->first.c_str(), &sa.sin_addr) != 1)
+    return absl::InvalidArgumentError(absl::StrCat("bad IPv4 address ", addr));
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket failed");
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    int err = errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach ", addr, ": ", strerror(err)));
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+void DataKey::Set(const std::string& key) {
+  absl::MutexLock l(&mu_);
+  key_ = key;
+}
+
+std::string DataKey::Hello() const {
+  absl::MutexLock l(&mu_);
+  if (key_.empty()) return "";
+  std::string frame;
+  wire::Writer w(&frame);
+  w.U8(static_cast<uint8_t>(PeerOp::kHello));
+  w.Str(key_);
+  return frame;
+}
+
+bool DataKey::Matches(std::string_view key) const {
+  absl::MutexLock l(&mu_);
+  if (key_.empty() || key.size() != key_.size()) return false;
+  unsigned char diff = 0;  // constant time
+  for (size_t i = 0; i < key.size(); ++i) diff |= key[i] ^ key_[i];
+  return diff == 0;
+}
+
+}  // namespace silt::invoker

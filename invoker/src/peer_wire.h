@@ -1,0 +1,71 @@
+// How invokers talk to each other's data ports: the frames (each a
+// frames.h length-prefixed payload that starts with a PeerOp), dialing a
+// peer, and the cluster's key that opens every connection.
+//
+// Peers prove they belong to the cluster with a key the gateway hands out, so
+// that arenas received in a migration can be taken without an O(entries)
+// check inside its pause.
+#ifndef SILT_INVOKER_PEER_WIRE_H_
+#define SILT_INVOKER_PEER_WIRE_H_
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "frames.h"
+
+namespace silt::invoker {
+
+// Frames on the data port.
+enum class PeerOp : uint8_t {
+  kShardOp = 1,        // u64 id, u64 hint, then a StateOp and its arguments
+  kMigrateBegin = 2,   // str ShardInfo; no reply
+  kMigrateChunk = 3,   // u64 offset, u64 new_used, str bytes; no reply
+  kMigrateCommit = 4,  // u64 new_used -> code
+  kMigrateSync = 5,    // -> code, once every earlier chunk is applied
+  kHello = 6,          // str key: the first frame of every connection
+};
+
+// "host:port" split in two. InvalidArgument when it is not one.
+absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(
+    const std::string& addr);
+
+// A TCP connection (TCP_NODELAY, close-on-exec) to an IPv4 host:port.
+// InvalidArgument for a bad address, Unavailable when it cannot be reached.
+absl::StatusOr<int> Dial(const std::string& addr);
+
+// A connection to a peer's data port; closes its fd. Not thread-safe: one
+// user at a time.
+struct PeerConn {
+  int fd = -1;
+  std::unique_ptr<FrameReader> reader;
+  ~PeerConn() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+// The cluster's data-port key (from the gateway). Thread-safe.
+class DataKey {
+ public:
+  void Set(const std::string& key);
+  // The first frame of a connection to a peer; empty until the key is known.
+  std::string Hello() const;
+  // Whether `key` is the cluster's key (compared in constant time); false
+  // until the key is known.
+  bool Matches(std::string_view key) const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::string key_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace silt::invoker
+
+#endif  // SILT_INVOKER_PEER_WIRE_H_
