@@ -270,9 +270,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   int fd = -1;
-  for (int i = 0; i < 500 && (fd = Connect(redis_port)) < 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if (fd < 0) {
+  if (!silt::testing::Eventually(
+          [&] { return (fd = Connect(redis_port)) >= 0; },
+          std::chrono::seconds(5))) {
     fprintf(stderr, "redis-server did not come up\n");
     return 2;
   }

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -154,6 +155,16 @@ std::string MakeTempDir(const std::string& prefix) {
   std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
   char* d = mkdtemp(tmpl.data());
   return d != nullptr ? std::string(d) : std::string();
+}
+
+RunResult BuildProbe(const std::string& prefix, std::string* dir) {
+  *dir = MakeTempDir(prefix);
+  std::ofstream(*dir + "/stack.yml")
+      << "version: 1.0\nprovider:\n  name: openfaas\n"
+      << "functions:\n  probe:\n    lang: cpp\n"
+      << "    handler: " << SILT_SOURCE_DIR
+      << "/tests/functions/probe\n    image: probe\n";
+  return RunCommand({SILT_CLI_BIN, "build", "-f", *dir + "/stack.yml"});
 }
 
 bool Eventually(const std::function<bool()>& cond,

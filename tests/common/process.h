@@ -56,6 +56,12 @@ RunResult RunCommand(
 
 std::string MakeTempDir(const std::string& prefix);
 
+// Builds the probe function (tests/functions/probe) with the CLI in a new
+// temporary directory named after `prefix`: its stack.yml is `dir`/stack.yml,
+// ready for `silt push -f`. The result of `silt build` (exit code, output)
+// says whether it worked; *dir is set either way.
+RunResult BuildProbe(const std::string& prefix, std::string* dir);
+
 // Polls `cond` every 10 ms until it holds or `timeout` passes; the final
 // answer of `cond`. The only waiting tests do: on state the daemons change in
 // the background (load reports, idle reaping, snapshots).

@@ -33,14 +33,7 @@ class FunctionsTest : public ::testing::Test {
   static void SetUpTestSuite() {
     if (geteuid() != 0) return;
     // One build of the probe function for the whole suite.
-    suite_dir_ = MakeTempDir("silt-fn-suite");
-    std::ofstream(suite_dir_ + "/stack.yml")
-        << "version: 1.0\nprovider:\n  name: openfaas\n"
-        << "functions:\n  probe:\n    lang: cpp\n"
-        << "    handler: " << SILT_SOURCE_DIR
-        << "/tests/functions/probe\n    image: probe\n";
-    auto r =
-        RunCommand({SILT_CLI_BIN, "build", "-f", suite_dir_ + "/stack.yml"});
+    auto r = BuildProbe("silt-fn-suite", &suite_dir_);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   }
   static void TearDownTestSuite() {
