@@ -99,10 +99,8 @@ class StateLink {
       std::string ask;
       wire::WriteRequestHeader(&ask, wire::StateOp::kShareRing,
                                wire::StateKind::kMap, "");
-      std::vector<int> fds;
-      if (WriteBytesFrame(kState, ask).ok() &&
-          ReadFrameWithFds(kState, wire::kMaxFrameBytes, &reply_, &fds).ok() &&
-          !reply_.empty() && reply_[0] == 0 && fds.size() == 2) {
+      std::vector<int> fds = Share(ask);
+      if (fds.size() == 2) {
         ring_.Open(fds[0], fds[1]);
       } else {
         for (int fd : fds) close(fd);
@@ -128,8 +126,8 @@ class StateLink {
     }
     return true;
   }
-  // kShareMap: the reply carries the memory files (and nothing is buffered
-  // past a reply: one request at a time).
+  // kShareMap, kShareRing: the reply carries memory files (and nothing is
+  // buffered past a reply: one request at a time). None unless it is kOk.
   std::vector<int> Share(std::string_view req) {
     std::vector<int> fds;
     if (!open_) return fds;

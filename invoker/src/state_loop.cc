@@ -28,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "frames.h"
 #include "silt/state_wire.h"
 #include "state_ring.h"
 
@@ -479,9 +480,7 @@ struct StateLoop::Impl {
   bool SendWithFds(Instance& c, std::string_view reply,
                    const std::vector<int>& fds) {
     std::string frame;
-    uint32_t len = static_cast<uint32_t>(reply.size());
-    frame.append(reinterpret_cast<const char*>(&len), 4);
-    frame.append(reply);
+    AppendFrame(&frame, reply);
     iovec iov{frame.data(), frame.size()};
     std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
     msghdr msg{};

@@ -28,6 +28,16 @@ layout::ArenaControl* Control(char* map) {
   return reinterpret_cast<layout::ArenaControl*>(map);
 }
 
+// Marks an arena retired for its readers, inside a change or not (a change
+// under way is closed by it).
+void Retire(layout::ArenaControl* c) {
+  const uint64_t seq = c->seq.load(std::memory_order_relaxed) | 1;
+  c->seq.store(seq, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  c->state.store(layout::kRetired, std::memory_order_relaxed);
+  c->seq.store(seq + 1, std::memory_order_release);
+}
+
 }  // namespace
 
 absl::StatusOr<Arena> Arena::Create(size_t reserve) {
@@ -78,12 +88,7 @@ Arena::~Arena() { Release(); }
 
 void Arena::Release() {
   if (map_ != nullptr) {
-    layout::ArenaControl* c = Control(map_);
-    const uint64_t seq = c->seq.load(std::memory_order_relaxed);
-    c->seq.store(seq | 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-    c->state.store(layout::kRetired, std::memory_order_relaxed);
-    c->seq.store((seq | 1) + 1, std::memory_order_release);
+    Retire(Control(map_));
     munmap(map_, kPageSize + mapped_);
   }
   if (fd_ >= 0) close(fd_);
@@ -170,11 +175,7 @@ void Arena::TakeWindow(Arena& old) {
   // Nobody maps this arena yet: it simply continues old's count, so that the
   // caller's EndChange closes the change here.
   to->seq.store(from->seq.load(std::memory_order_relaxed));
-  const uint64_t seq = from->seq.load(std::memory_order_relaxed);
-  from->seq.store(seq | 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  from->state.store(layout::kRetired, std::memory_order_relaxed);
-  from->seq.store((seq | 1) + 1, std::memory_order_release);
+  Retire(from);
 }
 
 absl::StatusOr<uint64_t> Arena::Allocate(size_t n) {
