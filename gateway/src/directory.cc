@@ -141,12 +141,14 @@ struct Directory::Impl {
     if (worker.joinable()) worker.join();
   }
 
-  absl::Status Persist(const pv1::Layout& l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  absl::Status Persist(const pv1::Layout& l, store::Durability durability =
+                                                 store::Durability::kSynced)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     store::WriteBatch b;
     b.Put(store::Table::kProclets, Key(l.namespace_(), l.name()),
           l.SerializeAsString());
     b.Put(store::Table::kMeta, kNextIdKey, std::to_string(next_id));
-    return store->Write(b);
+    return store->Write(b, durability);
   }
 
   void Index(const pv1::Layout& l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -456,7 +458,9 @@ struct Directory::Impl {
     loc->set_state(pv1::SHARD_ACTIVE);
     layout->set_version(layout->version() + 1);
     changed[id] = Clock::now();
-    if (auto s = Persist(*layout); !s.ok())
+    // Buffered: were it lost with the machine, the nodes' reports put the
+    // shard back where it is (the target reports it at the newer epoch).
+    if (auto s = Persist(*layout, store::Durability::kBuffered); !s.ok())
       fprintf(stderr, "silt-gateway: proclet %llu moved but not saved: %s\n",
               static_cast<unsigned long long>(id),
               std::string(s.message()).c_str());

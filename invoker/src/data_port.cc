@@ -212,19 +212,23 @@ void DataPort::ServePeer(int fd) {
       case PeerOp::kMigrateBegin: {
         std::string_view info;
         pv1::ShardInfo parsed;
+        uint64_t size = 0;
         if (!r.Str(&info) || !parsed.ParseFromArray(info.data(), info.size()))
           return;
+        (void)r.U64(&size);  // absent from older peers
         auto a = proclets::Arena::Create();
-        if (!a.ok()) return;
+        // Backed by memory before the bytes come (rather than a fault per
+        // page as they do).
+        if (!a.ok() || !a->Prefault(size).ok()) return;
         incoming = parsed;
         arena.emplace(*std::move(a));
         break;
       }
-      case PeerOp::kMigrateChunk: {
-        uint64_t off, used;
-        std::string_view bytes;
-        if (!arena || !r.U64(&off) || !r.U64(&used) || !r.Str(&bytes)) return;
-        if (!arena->WriteAt(off, bytes, used).ok()) return;
+      case PeerOp::kMigrateBytes: {  // the bytes follow the frame
+        uint64_t off, used, len;
+        if (!arena || !r.U64(&off) || !r.U64(&used) || !r.U64(&len)) return;
+        auto dst = arena->Receive(off, len, used);
+        if (!dst.ok() || !reader.ReadRaw(*dst, len).ok()) return;
         break;
       }
       case PeerOp::kMigrateSync:

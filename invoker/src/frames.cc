@@ -1,5 +1,7 @@
 #include "frames.h"
 
+#include <limits.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -18,28 +20,27 @@ absl::Status WriteBytesFrame(int fd, std::string_view payload) {
   uint32_t len = static_cast<uint32_t>(payload.size());
   iovec iov[2] = {{&len, 4},
                   {const_cast<char*>(payload.data()), payload.size()}};
-  msghdr msg{};
-  msg.msg_iov = iov;
-  msg.msg_iovlen = 2;
-  size_t left = 4 + payload.size();
-  while (left > 0) {
+  return WriteAllV(fd, iov, 2);
+}
+
+absl::Status WriteAllV(int fd, iovec* iov, size_t count) {
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = std::min<size_t>(count, IOV_MAX);
     ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
       return absl::UnavailableError(absl::StrCat("send: ", strerror(errno)));
-    left -= static_cast<size_t>(n);
     size_t done = static_cast<size_t>(n);
-    while (done > 0 && msg.msg_iovlen > 0) {
-      if (done >= msg.msg_iov[0].iov_len) {
-        done -= msg.msg_iov[0].iov_len;
-        ++msg.msg_iov;
-        --msg.msg_iovlen;
-      } else {
-        msg.msg_iov[0].iov_base =
-            static_cast<char*>(msg.msg_iov[0].iov_base) + done;
-        msg.msg_iov[0].iov_len -= done;
-        done = 0;
-      }
+    while (count > 0 && done >= iov->iov_len) {
+      done -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (done > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + done;
+      iov->iov_len -= done;
     }
   }
   return absl::OkStatus();
@@ -58,6 +59,44 @@ absl::Status WriteAll(int fd, std::string_view bytes) {
     if (n <= 0)
       return absl::UnavailableError(absl::StrCat("send: ", strerror(errno)));
     bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SendFileRange(int fd, int file, uint64_t offset, uint64_t length) {
+  off_t at = static_cast<off_t>(offset);
+  while (length > 0) {
+    ssize_t n = sendfile(fd, file, &at, std::min<uint64_t>(length, 1 << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      return absl::UnavailableError(
+          absl::StrCat("sendfile: ", strerror(errno)));
+    if (n == 0)
+      return absl::DataLossError(
+          absl::StrCat("the file ends before offset ", offset + length));
+    length -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FrameReader::ReadRaw(char* dst, size_t n) {
+  size_t buffered = std::min(n, end_ - start_);
+  if (buffered > 0) {
+    memcpy(dst, buf_.get() + start_, buffered);
+    start_ += buffered;
+    if (start_ == end_) start_ = end_ = 0;
+    dst += buffered;
+    n -= buffered;
+  }
+  while (n > 0) {
+    ssize_t got = recv(fd_, dst, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      return absl::UnavailableError(
+          got == 0 ? std::string("closed by the peer")
+                   : absl::StrCat("recv: ", strerror(errno)));
+    dst += got;
+    n -= static_cast<size_t>(got);
   }
   return absl::OkStatus();
 }

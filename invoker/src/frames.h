@@ -4,7 +4,10 @@
 #ifndef SILT_INVOKER_FRAMES_H_
 #define SILT_INVOKER_FRAMES_H_
 
+#include <sys/uio.h>
+
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -22,6 +25,13 @@ absl::Status WriteBytesFrame(int fd, std::string_view payload);
 void AppendFrame(std::string* out, std::string_view payload);
 // Writes all of `bytes`. Unavailable when the peer is gone.
 absl::Status WriteAll(int fd, std::string_view bytes);
+// Writes every byte of iov[0, count) with as few sendmsg calls as it takes
+// (the entries are consumed). Unavailable when the peer is gone.
+absl::Status WriteAllV(int fd, iovec* iov, size_t count);
+// Sends `length` bytes of file `file` from `offset` with sendfile (from the
+// page cache, no copy into this process). Unavailable when the peer is gone,
+// DataLoss when the file ends first.
+absl::Status SendFileRange(int fd, int file, uint64_t offset, uint64_t length);
 
 // Reads exactly one frame (nothing past it) from a unix socket, collecting
 // the file descriptors sent along with any of its bytes (close-on-exec).
@@ -40,6 +50,10 @@ class FrameReader {
   absl::Status Next(std::string* out);
   // Whether a whole frame is buffered (Next would not read).
   bool HasFrame() const;
+  // Fills [dst, dst + n) with the next n bytes of the stream (unframed
+  // bytes that follow a frame): what is buffered first, then straight from
+  // the socket. Unavailable when the peer closed first.
+  absl::Status ReadRaw(char* dst, size_t n);
 
  private:
   int fd_;

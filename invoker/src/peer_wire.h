@@ -25,12 +25,16 @@ namespace silt::invoker {
 
 // Frames on the data port.
 enum class PeerOp : uint8_t {
-  kShardOp = 1,        // u64 id, u64 hint, then a StateOp and its arguments
-  kMigrateBegin = 2,   // str ShardInfo; no reply
-  kMigrateChunk = 3,   // u64 offset, u64 new_used, str bytes; no reply
+  kShardOp = 1,       // u64 id, u64 hint, then a StateOp and its arguments
+  kMigrateBegin = 2,  // str ShardInfo, u64 bytes the arena has; no reply
+  // 3 was a chunk with its bytes inside the frame (before kMigrateBytes).
   kMigrateCommit = 4,  // u64 new_used -> code
   kMigrateSync = 5,    // -> code, once every earlier chunk is applied
   kHello = 6,          // str key: the first frame of every connection
+  // u64 offset, u64 new_used, u64 length; then `length` bytes of the arena
+  // follow the frame, unframed (the target reads them straight into its
+  // arena). No reply.
+  kMigrateBytes = 7,
 };
 
 // "host:port" split in two. InvalidArgument when it is not one.

@@ -1,6 +1,15 @@
 #include "shard_mover.h"
 
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,9 +22,11 @@ namespace silt::invoker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using proclets::Arena;
 using proclets::MapShard;
 using proclets::QueueShard;
 using proclets::VectorShard;
+using Runs = std::vector<std::pair<uint64_t, uint64_t>>;  // offset, length
 
 // A migration stops pre-copying when one round leaves less than this dirty.
 constexpr uint64_t kFinalRoundBytes = 128 * 1024;
@@ -23,7 +34,103 @@ constexpr uint64_t kFinalRoundBytes = 128 * 1024;
 // shrinking: the final round's bytes are the write pause.
 constexpr uint64_t kMaxFinalRoundBytes = 256 * 1024;
 constexpr int kMaxPrecopyRounds = 30;
-constexpr size_t kChunkBytes = 1 << 20;
+
+// A read-only mapping of a shard's memory file, private to one move: a round
+// reads the bytes it sends from here without the shard's lock (the owner's
+// own mapping moves when the arena grows, and a rebuild swaps the file).
+// Reading while writers change the arena is fine: what they change is
+// marked dirty and goes again in a later round, and the last round runs
+// with writes held.
+class ArenaView {
+ public:
+  ArenaView() = default;
+  ArenaView(const ArenaView&) = delete;
+  ArenaView& operator=(const ArenaView&) = delete;
+  ~ArenaView() { Unmap(); }
+
+  // Follows `a`: maps its file (again, if the arena was rebuilt into another
+  // one) and as much of it as it has grown to. Caller holds the shard's lock.
+  absl::Status Follow(const Arena& a) {
+    struct stat st;
+    if (fstat(a.memory_fd(), &st) != 0)
+      return absl::InternalError(absl::StrCat("fstat: ", strerror(errno)));
+    const size_t want = Arena::kPageSize + a.mapped();
+    if (fd_ >= 0 && st.st_ino == ino_ && want <= len_) return absl::OkStatus();
+    if (fd_ < 0 || st.st_ino != ino_) {
+      Unmap();
+      fd_ = fcntl(a.memory_fd(), F_DUPFD_CLOEXEC, 0);
+      if (fd_ < 0)
+        return absl::InternalError(absl::StrCat("dup: ", strerror(errno)));
+      ino_ = st.st_ino;
+    }
+    void* p = map_ == nullptr
+                  ? mmap(nullptr, want, PROT_READ, MAP_SHARED, fd_, 0)
+                  : mremap(map_, len_, want, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED) {
+      map_ = nullptr;
+      len_ = 0;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("mapping the shard to send it: ", strerror(errno)));
+    }
+    map_ = static_cast<char*>(p);
+    len_ = want;
+    return absl::OkStatus();
+  }
+  const char* data() const { return map_ + Arena::kPageSize; }
+
+ private:
+  void Unmap() {
+    if (map_ != nullptr) munmap(map_, len_);
+    if (fd_ >= 0) close(fd_);
+    map_ = nullptr;
+    len_ = 0;
+    fd_ = -1;
+  }
+  int fd_ = -1;
+  ino_t ino_ = 0;
+  char* map_ = nullptr;
+  size_t len_ = 0;
+};
+
+// What one round sends: runs of the arena (each within `used`), read under
+// the shard's lock along with `used`.
+struct Round {
+  Runs runs;
+  uint64_t used = 0;
+  uint64_t bytes() const {
+    uint64_t n = 0;
+    for (const auto& [o, len] : runs) n += len;
+    return n;
+  }
+};
+
+// Sends a round's runs as kMigrateBytes frames, each followed by its bytes
+// straight from the view (one copy, into the socket), then `tail` (a frame
+// or nothing).
+absl::Status SendRound(int fd, const ArenaView& view, const Round& round,
+                       std::string_view tail = {}) {
+  constexpr size_t kHeader = 4 + 1 + 3 * 8;
+  std::string headers(round.runs.size() * kHeader, '\0');
+  std::vector<iovec> iov;
+  iov.reserve(2 * round.runs.size() + 1);
+  for (size_t i = 0; i < round.runs.size(); ++i) {
+    const auto& [off, len] = round.runs[i];
+    std::string h;
+    wire::Writer w(&h);
+    w.U32(kHeader - 4);
+    w.U8(static_cast<uint8_t>(PeerOp::kMigrateBytes));
+    w.U64(off);
+    w.U64(round.used);
+    w.U64(len);
+    char* at = headers.data() + i * kHeader;
+    memcpy(at, h.data(), kHeader);
+    iov.push_back({at, kHeader});
+    iov.push_back({const_cast<char*>(view.data() + off), len});
+  }
+  if (!tail.empty())
+    iov.push_back({const_cast<char*>(tail.data()), tail.size()});
+  return WriteAllV(fd, iov.data(), iov.size());
+}
 
 }  // namespace
 
@@ -44,6 +151,10 @@ void Reaper::Free(std::shared_ptr<void> garbage) {
 }
 
 void Reaper::Run() {
+  // Only when nothing else wants the CPU: freeing a moved shard's pages
+  // would otherwise preempt the move's own answer (and the writers).
+  sched_param idle{};
+  (void)sched_setscheduler(0, SCHED_IDLE, &idle);
   while (true) {
     std::vector<std::shared_ptr<void>> batch;
     {
@@ -86,16 +197,21 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
   if (auto s = WriteBytesFrame(conn.fd, hello); !s.ok()) return s;
   conn.reader = std::make_unique<FrameReader>(*fd, 4096);
   pv1::ShardInfo info;
+  auto view = std::make_unique<ArenaView>();
+  Round round;
   {
     absl::MutexLock l(&hs->mu);
     if (hs->gone) return absl::NotFoundError("the shard moved away");
-    if (hs->arena() == nullptr) return absl::InternalError("empty shard");
-    if (hs->frozen || hs->merged_into || hs->arena()->tracking())
+    Arena* a = hs->arena();
+    if (a == nullptr) return absl::InternalError("empty shard");
+    if (hs->frozen || hs->merged_into || a->tracking())
       return absl::FailedPreconditionError("the shard is already moving");
-    hs->arena()->TakeDirty();
-    hs->arena()->TrackWrites(true);
+    if (auto s = view->Follow(*a); !s.ok()) return s;
+    a->TrackWrites(true);
     info = hs->info;
     info.set_epoch(info.epoch() + 1);
+    round.used = a->used();
+    round.runs = {{0, round.used}};
   }
   auto abort = [&](absl::Status s) {
     absl::MutexLock l(&hs->mu);
@@ -104,70 +220,38 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
     if (auto* a = hs->arena()) a->TrackWrites(false);
     return s;
   };
-  std::string begin;
+  // The next round: what writers dirtied since the last one. Aborted when
+  // the shard was dropped meanwhile.
+  auto take_round = [&]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(hs->mu) -> absl::Status {
+    Arena* a = hs->arena();
+    if (a == nullptr) return absl::AbortedError("the shard was dropped");
+    if (auto s = view->Follow(*a); !s.ok()) return s;
+    round.runs = a->TakeDirty();
+    round.used = a->used();
+    return absl::OkStatus();
+  };
   {
+    std::string begin;
     wire::Writer w(&begin);
     w.U8(static_cast<uint8_t>(PeerOp::kMigrateBegin));
     w.Str(info.SerializeAsString());
+    w.U64(round.used);
+    if (auto s = WriteBytesFrame(conn.fd, begin); !s.ok()) return abort(s);
   }
-  if (auto s = WriteBytesFrame(conn.fd, begin); !s.ok()) return abort(s);
 
-  // Appends the chunk frames for [off, off+len) of the arena to *out;
-  // false when the shard was dropped meanwhile. Caller holds hs->mu.
-  uint64_t sent = 0;
-  auto frames = [&](uint64_t off, uint64_t len,
-                    std::string* out) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    proclets::Arena* a = hs->arena();
-    if (a == nullptr) return false;
-    const uint64_t used = a->used(), end = off + len;
-    for (; off < end; off += kChunkBytes) {
-      uint64_t n = std::min<uint64_t>(kChunkBytes, end - off);
-      uint64_t m = off < used ? std::min<uint64_t>(n, used - off) : 0;
-      std::string chunk;
-      wire::Writer w(&chunk);
-      w.U8(static_cast<uint8_t>(PeerOp::kMigrateChunk));
-      w.U64(off);
-      w.U64(used);
-      w.Str(std::string_view(a->data() + off, m));
-      AppendFrame(out, chunk);
-      sent += n;
-    }
-    return true;
-  };
-  // Sends [off, off+len), a chunk at a time, copying each chunk under the
-  // shard's lock (writers wait at most one chunk's copy) and sending it
-  // without.
-  std::string batch;
-  auto send_range = [&](uint64_t off, uint64_t len) -> absl::Status {
-    for (uint64_t end = off + len; off < end; off += kChunkBytes) {
-      batch.clear();
-      {
-        absl::MutexLock l(&hs->mu);
-        if (!frames(off, std::min<uint64_t>(kChunkBytes, end - off), &batch))
-          return absl::AbortedError("the shard was dropped");
-      }
-      if (auto s = WriteAll(conn.fd, batch); !s.ok()) return s;
-    }
-    return absl::OkStatus();
-  };
-
-  uint64_t used = 0;
-  {
-    absl::MutexLock l(&hs->mu);
-    if (hs->arena()) used = hs->arena()->used();
-  }
-  if (auto s = send_range(0, used); !s.ok()) return abort(s);
+  // Pre-copy: the whole arena, then what changed meanwhile, while writes go
+  // on.
+  uint64_t sent = round.bytes();
+  if (auto s = SendRound(conn.fd, *view, round); !s.ok()) return abort(s);
   uint32_t rounds = 1;
-  uint64_t last_round_bytes = used;
+  uint64_t last_round_bytes = sent;
   while (rounds < kMaxPrecopyRounds) {
-    std::vector<std::pair<uint64_t, uint64_t>> dirty;
     {
       absl::MutexLock l(&hs->mu);
-      if (hs->arena() == nullptr) return abort(absl::AbortedError("dropped"));
-      dirty = hs->arena()->TakeDirty();
+      if (auto s = take_round(); !s.ok()) return abort(s);
     }
-    uint64_t bytes = 0;
-    for (auto& [o, n] : dirty) bytes += n;
+    const uint64_t bytes = round.bytes();
     // Stop when little changed, or when writers dirty about as much per
     // round as a round sends (more rounds would not shrink the rest) and
     // what is left is still small.
@@ -180,16 +264,15 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
     }
     if (bytes < kFinalRoundBytes ||
         (!converging && bytes < kMaxFinalRoundBytes)) {
-      // Put them back for the final round: simplest is to resend them
-      // there.
+      // Left for the final round.
       absl::MutexLock l(&hs->mu);
-      if (hs->arena() == nullptr) return abort(absl::AbortedError("dropped"));
-      for (auto& [o, n] : dirty) hs->arena()->MarkDirty(o, n);
+      if (Arena* a = hs->arena())
+        for (auto& [o, n] : round.runs) a->MarkDirty(o, n);
       break;
     }
     ++rounds;
-    for (auto& [o, n] : dirty)
-      if (auto s = send_range(o, n); !s.ok()) return abort(s);
+    sent += bytes;
+    if (auto s = SendRound(conn.fd, *view, round); !s.ok()) return abort(s);
   }
 
   // Wait until the target has applied everything sent so far, so that the
@@ -208,39 +291,35 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
     return abort(absl::DeadlineExceededError(
         absl::StrCat("moving shard ", id, " ran out of time; it stays")));
 
-  // Final round: hold writes, send what changed and the final size, commit.
+  // Final round: hold writes (`frozen` keeps them out; the state loop never
+  // waits for it), send what changed and the final size, commit.
   Clock::time_point pause_start;
   absl::Status commit;
-  std::unique_ptr<MapShard> old_map;
-  std::unique_ptr<VectorShard> old_vec;
-  std::unique_ptr<QueueShard> old_queue;
-  // The last changes are copied under the lock and sent without it:
-  // `frozen` keeps writers out (the state loop never waits for it).
   {
     absl::MutexLock l(&hs->mu);
     hs->frozen = true;
     hs->Publish(false);  // local readers ask the host, which waits
     pause_start = Clock::now();
-    batch.clear();
-    proclets::Arena* a = hs->arena();
-    if (a == nullptr) {
-      commit = absl::AbortedError("the shard was dropped");
-    } else {
-      for (auto& [o, n] : a->TakeDirty()) frames(o, n, &batch);
-      std::string req;
-      wire::Writer w(&req);
-      w.U8(static_cast<uint8_t>(PeerOp::kMigrateCommit));
-      w.U64(a->used());
-      AppendFrame(&batch, req);
-    }
+    commit = take_round();
   }
   std::string reply;
-  if (commit.ok()) commit = WriteAll(conn.fd, batch);
+  if (commit.ok()) {
+    std::string req, tail;
+    wire::Writer w(&req);
+    w.U8(static_cast<uint8_t>(PeerOp::kMigrateCommit));
+    w.U64(round.used);
+    AppendFrame(&tail, req);
+    sent += round.bytes();
+    commit = SendRound(conn.fd, *view, round, tail);
+  }
   if (commit.ok()) commit = conn.reader->Next(&reply);  // the target installs
   if (commit.ok() && (reply.empty() || reply[0] != 0))
     commit = absl::InternalError(
         absl::StrCat("target refused the shard: ",
                      reply.empty() ? "empty reply" : reply.substr(1)));
+  std::unique_ptr<MapShard> old_map;
+  std::unique_ptr<VectorShard> old_vec;
+  std::unique_ptr<QueueShard> old_queue;
   {
     absl::MutexLock l(&hs->mu);
     if (commit.ok() && (hs->gone || hs->arena() == nullptr))
@@ -260,6 +339,9 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
   double pause_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - pause_start)
           .count();
+  // The view holds the old memory too: freeing the last of it here would
+  // take as long as the reaper's work.
+  reaper_.Free(std::shared_ptr<ArenaView>(std::move(view)));
   reaper_.Free(std::move(old_map));
   reaper_.Free(std::move(old_vec));
   reaper_.Free(std::move(old_queue));

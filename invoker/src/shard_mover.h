@@ -2,11 +2,14 @@
 // (the target side is DataPort): pre-copies the shard's arena while writes go
 // on, in rounds of what they dirtied (slowing writers down while rounds stop
 // shrinking), then holds writes only to send what changed since and commit.
+// The bytes go from a read-only mapping of the arena's memory file straight
+// into the socket (one copy), and land straight in the target's arena.
 // The shard's old arena is freed afterwards by a thread of its own.
 //
 // Thread safety: thread-safe; a shard moves at most once at a time (a second
-// Migrate of it is FailedPrecondition). Moves lock only the moving shard, one
-// chunk's copy at a time, and its whole final round.
+// Migrate of it is FailedPrecondition). Moves lock the moving shard only to
+// take each round's dirty pages; writes wait (frozen, not locked) during the
+// final round.
 #ifndef SILT_INVOKER_SHARD_MOVER_H_
 #define SILT_INVOKER_SHARD_MOVER_H_
 

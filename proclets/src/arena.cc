@@ -239,16 +239,32 @@ std::vector<std::pair<uint64_t, uint64_t>> Arena::TakeDirty() {
 
 absl::Status Arena::WriteAt(uint64_t offset, std::string_view bytes,
                             size_t new_used) {
-  if (offset > new_used || bytes.size() > new_used - offset) {
+  auto p = Receive(offset, bytes.size(), new_used);
+  if (!p.ok()) return p.status();
+  if (!bytes.empty()) memcpy(*p, bytes.data(), bytes.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> Arena::Receive(uint64_t offset, size_t n,
+                                     size_t new_used) {
+  if (offset > new_used || n > new_used - offset) {
     return absl::OutOfRangeError(absl::StrCat(
-        "write of ", bytes.size(), " bytes at offset ", offset,
+        "write of ", n, " bytes at offset ", offset,
         " ends past the arena's new size of ", new_used, " bytes"));
   }
   absl::Status s = Grow(new_used);
   if (!s.ok()) return s;
-  if (!bytes.empty()) memcpy(base_ + offset, bytes.data(), bytes.size());
   used_ = new_used;
-  if (tracking_) MarkDirty(offset, bytes.size());
+  if (tracking_) MarkDirty(offset, n);
+  return base_ + offset;
+}
+
+absl::Status Arena::Prefault(size_t n) {
+  absl::Status s = Grow(n);
+  if (!s.ok() || n == 0) return s;
+  // Best effort: without MADV_POPULATE_WRITE (Linux < 5.14) pages fault in
+  // as they are written.
+  (void)madvise(base_, RoundUpToPage(n), MADV_POPULATE_WRITE);
   return absl::OkStatus();
 }
 

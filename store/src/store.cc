@@ -162,7 +162,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const Options& options) {
 
 const std::string& Store::path() const { return impl_->options.path; }
 
-absl::Status Store::Write(const WriteBatch& batch) {
+absl::Status Store::Write(const WriteBatch& batch, Durability durability) {
   if (batch.empty()) return absl::OkStatus();
   rocksdb::WriteBatch wb;
   for (const auto& op : batch.ops_) {
@@ -172,7 +172,7 @@ absl::Status Store::Write(const WriteBatch& batch) {
     if (!s.ok()) return FromRocks(s, "batch", TableName(op.table));
   }
   rocksdb::WriteOptions wo;
-  wo.sync = impl_->options.sync_writes;
+  wo.sync = impl_->options.sync_writes && durability == Durability::kSynced;
   return FromRocks(impl_->db->Write(wo, &wb), "write",
                    absl::StrCat(batch.size(), " ops"));
 }

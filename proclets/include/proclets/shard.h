@@ -83,6 +83,13 @@ class Arena {
   // offset + bytes.size() > new_used.
   absl::Status WriteAt(uint64_t offset, std::string_view bytes,
                        size_t new_used);
+  // The same for a caller that fills the bytes itself (straight from a
+  // socket): [offset, offset + n) is writable at the returned pointer until
+  // the arena next grows.
+  absl::StatusOr<char*> Receive(uint64_t offset, size_t n, size_t new_used);
+  // Grows the mapping to at least n bytes and backs all of it with memory
+  // now (one pass, rather than a page fault per page as bytes arrive).
+  absl::Status Prefault(size_t n);
 
   // ---- sharing with readers in other processes ----
   // The memory file (owned by the arena; dup it to hand it out).

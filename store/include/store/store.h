@@ -42,6 +42,18 @@ struct Options {
   bool sync_writes = true;
 };
 
+// How far a write must have gone before Store::Write returns.
+enum class Durability : uint8_t {
+  // On disk (the write-ahead log fsynced, when Options::sync_writes): it
+  // survives the machine losing power.
+  kSynced,
+  // In the operating system's page cache: it survives the process crashing
+  // but not the machine. For records that can be rebuilt from elsewhere
+  // (the proclet directory's locations, which the nodes report), where an
+  // fsync would sit in a latency that matters.
+  kBuffered,
+};
+
 // A set of writes applied atomically by Store::Write.
 class WriteBatch {
  public:
@@ -81,7 +93,8 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  absl::Status Write(const WriteBatch& batch);
+  absl::Status Write(const WriteBatch& batch,
+                     Durability durability = Durability::kSynced);
 
   // Raw access by table and key. Scan returns (key, value) pairs in key order.
   absl::StatusOr<std::string> Get(Table table, absl::string_view key) const;

@@ -135,6 +135,27 @@ silt::Response StateCall(std::string_view path, const silt::Request& req,
               " mapped=" +
               (text.str().find("silt-arena") != std::string::npos ? "1" : "0"));
     }
+    if (op == "churn") {
+      // For up to `ms` milliseconds and n keys: inserts p{i} (fillers of
+      // varying length: the shard grows, its index is rebuilt) and rewrites
+      // p{i/2} to v{i/2} (in place or moved). Answers "N R": N keys
+      // inserted, the first R of them rewritten, every write acknowledged.
+      int n = std::atoi(Param(req.query, "n").c_str());
+      std::string p = Param(req.query, "p"), v = Param(req.query, "v");
+      auto deadline =
+          std::chrono::steady_clock::now() +
+          std::chrono::milliseconds(std::atoi(Param(req.query, "ms").c_str()));
+      int i = 0;
+      for (; i < n && std::chrono::steady_clock::now() < deadline; ++i) {
+        auto r = m.Put(p + std::to_string(i), std::string(20 + i % 100, 'o'));
+        if (r.ok())
+          r = m.Put(p + std::to_string(i / 2), v + std::to_string(i / 2));
+        if (!r.ok()) return StateError(r.code(), r.message());
+      }
+      return silt::Response::Text(
+          200,
+          std::to_string(i) + " " + std::to_string(i == 0 ? 0 : (i + 1) / 2));
+    }
     if (op == "mput") {  // n keys k0..k{n-1} with prefix p, value v
       int n = std::atoi(Param(req.query, "n").c_str());
       std::string p = Param(req.query, "p"), v = Param(req.query, "v");
