@@ -191,8 +191,10 @@ void DataPort::ServePeer(int fd) {
   // A migration into this node, while one is being received here.
   std::optional<pv1::ShardInfo> incoming;
   std::optional<proclets::Arena> arena;
+  std::optional<RealtimeSection> realtime;  // its final rounds
   while (true) {
     if (!batch.empty() && !reader.HasFrame() && !flush()) return;
+    if (!arena) realtime.reset();  // the move ended (its answer sent)
     if (!reader.Next(&req).ok()) return;
     wire::Reader r(req);
     uint8_t op;
@@ -216,10 +218,10 @@ void DataPort::ServePeer(int fd) {
         if (!r.Str(&info) || !parsed.ParseFromArray(info.data(), info.size()))
           return;
         (void)r.U64(&size);  // absent from older peers
-        auto a = proclets::Arena::Create();
-        // Backed by memory before the bytes come (rather than a fault per
-        // page as they do).
-        if (!a.ok() || !a->Prefault(size).ok()) return;
+        // Backed by memory before the bytes come (not a fault per page as
+        // they do), ahead of time where possible.
+        auto a = spare_.Take(size);
+        if (!a.ok()) return;
         incoming = parsed;
         arena.emplace(*std::move(a));
         break;
@@ -234,6 +236,9 @@ void DataPort::ServePeer(int fd) {
       case PeerOp::kMigrateSync:
         if (!respond(Reply(arena ? StateCode::kOk : StateCode::kInternal)))
           return;
+        // What follows is the move's last pre-copy round and its final one:
+        // writes are (about to be) held.
+        if (arena && !realtime) realtime.emplace();
         break;
       case PeerOp::kMigrateCommit: {
         uint64_t used;

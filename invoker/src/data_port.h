@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "peer_wire.h"
 #include "shard_table.h"
+#include "spare_arena.h"
 
 namespace silt::invoker {
 
@@ -63,6 +64,7 @@ class DataPort {
 
   ShardTable& shards_;
   const DataKey& key_;
+  SpareArena spare_;  // for the next shard to arrive
   // Written only before the acceptor starts and after it is joined.
   int listener_;
   const std::string address_;

@@ -69,4 +69,15 @@ bool DataKey::Matches(std::string_view key) const {
   return diff == 0;
 }
 
+RealtimeSection::RealtimeSection() : policy_(sched_getscheduler(0)) {
+  if (policy_ < 0 || sched_getparam(0, &param_) != 0) return;
+  sched_param rt{};
+  rt.sched_priority = 1;  // the lowest: above every ordinary thread
+  changed_ = sched_setscheduler(0, SCHED_FIFO, &rt) == 0;
+}
+
+RealtimeSection::~RealtimeSection() {
+  if (changed_) (void)sched_setscheduler(0, policy_, &param_);
+}
+
 }  // namespace silt::invoker

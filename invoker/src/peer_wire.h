@@ -8,6 +8,7 @@
 #ifndef SILT_INVOKER_PEER_WIRE_H_
 #define SILT_INVOKER_PEER_WIRE_H_
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -53,6 +54,25 @@ struct PeerConn {
   ~PeerConn() {
     if (fd >= 0) close(fd);
   }
+};
+
+// Runs the calling thread at real-time priority (SCHED_FIFO) until
+// destroyed, then as before: for the final round of a migration, at both
+// ends, where writes are held. That round is short and mostly waits on the
+// other end; what would stretch it is the wait to be scheduled again on
+// cores the shard's writers keep busy (up to a scheduler slice, ms). Best
+// effort: unchanged without the privilege.
+class RealtimeSection {
+ public:
+  RealtimeSection();
+  ~RealtimeSection();
+  RealtimeSection(const RealtimeSection&) = delete;
+  RealtimeSection& operator=(const RealtimeSection&) = delete;
+
+ private:
+  int policy_;
+  sched_param param_{};
+  bool changed_ = false;
 };
 
 // The cluster's data-port key (from the gateway). Thread-safe.

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -246,7 +247,10 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
   if (auto s = SendRound(conn.fd, *view, round); !s.ok()) return abort(s);
   uint32_t rounds = 1;
   uint64_t last_round_bytes = sent;
-  while (rounds < kMaxPrecopyRounds) {
+  // Sent but not yet confirmed applied by the target: while much is, the
+  // final round would wait for it with writes held.
+  uint64_t unconfirmed = sent;
+  while (true) {
     {
       absl::MutexLock l(&hs->mu);
       if (auto s = take_round(); !s.ok()) return abort(s);
@@ -262,8 +266,9 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
       hs->throttle_us.store(std::min<uint32_t>(std::max(2 * t, 100u), 3200),
                             std::memory_order_relaxed);
     }
-    if (bytes < kFinalRoundBytes ||
-        (!converging && bytes < kMaxFinalRoundBytes)) {
+    const bool last = rounds >= kMaxPrecopyRounds || bytes < kFinalRoundBytes ||
+                      (!converging && bytes < kMaxFinalRoundBytes);
+    if (last && unconfirmed <= kMaxFinalRoundBytes) {
       // Left for the final round.
       absl::MutexLock l(&hs->mu);
       if (Arena* a = hs->arena())
@@ -272,19 +277,20 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
     }
     ++rounds;
     sent += bytes;
+    unconfirmed += bytes;
     if (auto s = SendRound(conn.fd, *view, round); !s.ok()) return abort(s);
-  }
-
-  // Wait until the target has applied everything sent so far, so that the
-  // pause below holds writes only for the last changes, not for the tail
-  // of the copy still in flight.
-  {
-    std::string sync(1, static_cast<char>(PeerOp::kMigrateSync)), reply;
-    absl::Status s = WriteBytesFrame(conn.fd, sync);
-    if (s.ok()) s = conn.reader->Next(&reply);
-    if (s.ok() && (reply.empty() || reply[0] != 0))
-      s = absl::InternalError("target lost the migration");
-    if (!s.ok()) return abort(s);
+    if (last) {
+      // Wait until the target has applied everything sent so far; what
+      // changed meanwhile is one more (small) round, and the final one
+      // holds writes only for what changes after that.
+      std::string sync(1, static_cast<char>(PeerOp::kMigrateSync)), reply;
+      absl::Status s = WriteBytesFrame(conn.fd, sync);
+      if (s.ok()) s = conn.reader->Next(&reply);
+      if (s.ok() && (reply.empty() || reply[0] != 0))
+        s = absl::InternalError("target lost the migration");
+      if (!s.ok()) return abort(s);
+      unconfirmed = 0;
+    }
   }
 
   if (std::chrono::system_clock::now() > deadline)
@@ -295,6 +301,8 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
   // waits for it), send what changed and the final size, commit.
   Clock::time_point pause_start;
   absl::Status commit;
+  std::optional<RealtimeSection> realtime;
+  realtime.emplace();
   {
     absl::MutexLock l(&hs->mu);
     hs->frozen = true;
@@ -335,10 +343,11 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
       old_queue = std::move(hs->queue);
     }
   }
-  if (!commit.ok()) return abort(commit);
   double pause_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - pause_start)
           .count();
+  realtime.reset();
+  if (!commit.ok()) return abort(commit);
   // The view holds the old memory too: freeing the last of it here would
   // take as long as the reaper's work.
   reaper_.Free(std::shared_ptr<ArenaView>(std::move(view)));

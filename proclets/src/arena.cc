@@ -198,34 +198,34 @@ void Arena::Reset() { used_ = 0; }
 
 void Arena::TrackWrites(bool on) {
   tracking_ = on;
-  dirty_.assign(on ? (mapped_ / kPageSize + 63) / 64 : 0, 0);
+  dirty_.assign(on ? (mapped_ / kDirtyBlock + 63) / 64 : 0, 0);
 }
 
 void Arena::MarkDirty(uint64_t offset, size_t length) {
   if (!tracking_ || length == 0 || offset >= mapped_) return;
   length = std::min<uint64_t>(length, mapped_ - offset);
-  const uint64_t first = offset / kPageSize;
-  const uint64_t last = (offset + length - 1) / kPageSize;
+  const uint64_t first = offset / kDirtyBlock;
+  const uint64_t last = (offset + length - 1) / kDirtyBlock;
   if (last / 64 >= dirty_.size()) dirty_.resize(last / 64 + 1, 0);
-  for (uint64_t page = first; page <= last; ++page) {
-    dirty_[page / 64] |= uint64_t{1} << (page % 64);
+  for (uint64_t block = first; block <= last; ++block) {
+    dirty_[block / 64] |= uint64_t{1} << (block % 64);
   }
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> Arena::TakeDirty() {
   std::vector<std::pair<uint64_t, uint64_t>> runs;
-  const uint64_t pages = (used_ + kPageSize - 1) / kPageSize;
+  const uint64_t blocks = (used_ + kDirtyBlock - 1) / kDirtyBlock;
   for (uint64_t word = 0; word < dirty_.size(); ++word) {
     uint64_t bits = dirty_[word];
     while (bits != 0) {
-      const uint64_t page = word * 64 + std::countr_zero(bits);
+      const uint64_t block = word * 64 + std::countr_zero(bits);
       bits &= bits - 1;
-      if (page >= pages) break;
-      const uint64_t start = page * kPageSize;
+      if (block >= blocks) break;
+      const uint64_t start = block * kDirtyBlock;
       if (!runs.empty() && runs.back().first + runs.back().second == start) {
-        runs.back().second += kPageSize;
+        runs.back().second += kDirtyBlock;
       } else {
-        runs.emplace_back(start, kPageSize);
+        runs.emplace_back(start, kDirtyBlock);
       }
     }
   }

@@ -8,8 +8,11 @@
 //                                        [--runs 3]
 //
 // Total: the `POST /system/proclets/ID/migrate` call as a user makes it
-// (directory commit included). Pause: how long the source held writes (its
-// final round), and the longest single write any writer saw meanwhile.
+// (directory commit included), the median of --runs moves back and forth.
+// Under writers, the same number of moves while the writers keep writing
+// (their instances started beforehand). Pause: the longest time the source
+// held writes (its final round) over those moves, and the longest single
+// write any writer saw meanwhile (throttling and redirects included).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -290,56 +293,79 @@ int main(int argc, char** argv) {
     ratios.push_back(absl::StrFormat("migrate_%dMiB_vs_tcp=%.2f", mib,
                                      tcp_ms > 0 ? Median(wall) / tcp_ms : 0));
 
-    // Under writers: they run for a while, the shard moves in the middle.
-    double window_s = 1.0 + Median(wall) / 1000 * 3;
-    uint64_t start = RealtimeNs() + 300000000;
-    uint64_t end = start + static_cast<uint64_t>(window_s * 1e9);
-    std::string path =
-        absl::StrCat("/function/sb/run?op=put&name=", name, "&keys=", keys,
-                     "&vsize=", kValue, "&start=", start, "&end=", end);
-    std::vector<std::vector<uint32_t>> lat(writers);
-    std::vector<std::thread> threads;
+    // Under writers: `writers` calls write random keys of the shard for a
+    // while; the shard moves back and forth `runs` times meanwhile.
+    auto write = [&](double seconds, std::vector<std::vector<uint32_t>>* lat,
+                     std::atomic<int>* failed) {
+      uint64_t start = RealtimeNs() + 300000000;
+      uint64_t end = start + static_cast<uint64_t>(seconds * 1e9);
+      std::string path =
+          absl::StrCat("/function/sb/run?op=put&name=", name, "&keys=", keys,
+                       "&vsize=", kValue, "&start=", start, "&end=", end);
+      lat->assign(writers, {});
+      std::vector<std::thread> threads;
+      for (int w = 0; w < writers; ++w) {
+        threads.emplace_back([&c, lat, failed, w, path] {
+          auto r = c.gateway().Call("POST", path, "", false);
+          if (r.status != 200) {
+            fprintf(stderr, "writer: %d %s\n", r.status,
+                    r.body.substr(0, 200).c_str());
+            ++*failed;
+            return;
+          }
+          (*lat)[w].resize(r.body.size() / 4);
+          memcpy((*lat)[w].data(), r.body.data(), (*lat)[w].size() * 4);
+        });
+      }
+      return std::make_pair(start, std::move(threads));
+    };
+    std::vector<std::vector<uint32_t>> lat;
     std::atomic<int> failed{0};
-    for (int w = 0; w < writers; ++w) {
-      threads.emplace_back([&, w] {
-        auto r = c.gateway().Call("POST", path, "", false);
-        if (r.status != 200) {
-          fprintf(stderr, "writer: %d %s\n", r.status,
-                  r.body.substr(0, 200).c_str());
-          ++failed;
-          return;
-        }
-        lat[w].resize(r.body.size() / 4);
-        memcpy(lat[w].data(), r.body.data(), lat[w].size() * 4);
-      });
+    {  // warm: one instance per writer, so that no cold start overlaps a move
+      auto [at, threads] = write(0.1, &lat, &failed);
+      for (auto& t : threads) t.join();
     }
-    // Move once the writers have run for a third of their window.
-    while (RealtimeNs() < start + static_cast<uint64_t>(window_s * 1e9 / 3))
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    std::string from = FindShard(c, name).node;
-    std::string to = from == "node-a" ? "node-b" : "node-a";
-    Move busy = Migrate(c, shard.id, to);
+    const double gap_s = 0.1;
+    double window_s = 0.5 + runs * (Median(wall) * 3 / 1000 + gap_s);
+    auto [start, threads] = write(window_s, &lat, &failed);
+    std::vector<double> busy_wall;
+    double busy_pause = 0;
+    uint64_t busy_bytes = 0;
+    int busy_rounds = 0;
+    bool moved = true;
+    for (int r = 0; r < runs && moved; ++r) {
+      // Each move starts once the writers have had gap_s to themselves.
+      uint64_t at = start + static_cast<uint64_t>((0.25 + r * gap_s) * 1e9);
+      while (RealtimeNs() < at)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::string from = FindShard(c, name).node;
+      Move busy = Migrate(c, shard.id, from == "node-a" ? "node-b" : "node-a");
+      moved = busy.ok;
+      busy_wall.push_back(busy.wall_ms);
+      busy_pause = std::max(busy_pause, busy.pause_ms);
+      busy_bytes = std::max(busy_bytes, busy.bytes);
+      busy_rounds = std::max(busy_rounds, busy.rounds);
+      start = RealtimeNs() - static_cast<uint64_t>((0.25 + r * gap_s) * 1e9);
+    }
     for (auto& t : threads) t.join();
+    if (!moved) return 1;
     uint32_t max_ns = 0;
     size_t writes = 0;
     for (auto& v : lat) {
       writes += v.size();
       for (uint32_t x : v) max_ns = std::max(max_ns, x);
     }
-    if (!busy.ok) return 1;
-    // The same shard copied plainly (pre-copy resends are Silt's cost).
-    double tcp_busy = tcp_ms;
     printf("%-28s %9llu %9.2f %9.2f %9.3f %7d %12.3f\n",
            absl::StrCat(mib, " MiB, ", writers, " writers").c_str(),
-           static_cast<unsigned long long>(busy.bytes), busy.wall_ms, tcp_busy,
-           busy.pause_ms, busy.rounds, max_ns / 1e6);
-    printf("%-28s %zu writes, %d writer call(s) failed\n", "", writes,
-           failed.load());
+           static_cast<unsigned long long>(busy_bytes), Median(busy_wall),
+           tcp_ms, busy_pause, busy_rounds, max_ns / 1e6);
+    printf("%-28s %zu moves, %zu writes, %d writer call(s) failed\n", "",
+           busy_wall.size(), writes, failed.load());
     ratios.push_back(
-        absl::StrFormat("migrate_pause_ms_%dMiB=%.3f", mib, busy.pause_ms));
+        absl::StrFormat("migrate_pause_ms_%dMiB=%.3f", mib, busy_pause));
     ratios.push_back(
         absl::StrFormat("migrate_busy_%dMiB_vs_tcp=%.2f", mib,
-                        tcp_busy > 0 ? busy.wall_ms / tcp_busy : 0));
+                        tcp_ms > 0 ? Median(busy_wall) / tcp_ms : 0));
     ratios.push_back(
         absl::StrFormat("migrate_max_write_ms_%dMiB=%.3f", mib, max_ns / 1e6));
   }

@@ -148,21 +148,20 @@ TEST(Arena, AllocatesAlignedAndGrowsKeepingBytes) {
   EXPECT_EQ(moved.used(), 0u);
 }
 
-TEST(Arena, TakeDirtyCoalescesPagesAndClipsToUsed) {
+TEST(Arena, TakeDirtyCoalescesBlocksAndClipsToUsed) {
+  constexpr uint64_t kBlock = Arena::kDirtyBlock;
   absl::StatusOr<Arena> arena = Arena::Create();
   ASSERT_TRUE(arena.ok());
-  ASSERT_TRUE(arena->Allocate(10 * Arena::kPageSize + 100).ok());
+  ASSERT_TRUE(arena->Allocate(10 * kBlock + 100).ok());
   arena->MarkDirty(0, 1);  // Not tracking: ignored.
   arena->TrackWrites(true);
   EXPECT_TRUE(arena->TakeDirty().empty());
   arena->MarkDirty(10, 1);
-  arena->MarkDirty(Arena::kPageSize + 5, Arena::kPageSize);  // Pages 1 and 2.
-  arena->MarkDirty(5 * Arena::kPageSize, 1);
-  arena->MarkDirty(10 * Arena::kPageSize + 3, 2);
+  arena->MarkDirty(kBlock + 5, kBlock);  // Blocks 1 and 2.
+  arena->MarkDirty(5 * kBlock, 1);
+  arena->MarkDirty(10 * kBlock + 3, 2);
   std::vector<std::pair<uint64_t, uint64_t>> want = {
-      {0, 3 * Arena::kPageSize},
-      {5 * Arena::kPageSize, Arena::kPageSize},
-      {10 * Arena::kPageSize, 100}};
+      {0, 3 * kBlock}, {5 * kBlock, kBlock}, {10 * kBlock, 100}};
   EXPECT_EQ(arena->TakeDirty(), want);
   EXPECT_TRUE(arena->TakeDirty().empty());
   arena->TrackWrites(false);

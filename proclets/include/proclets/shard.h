@@ -71,8 +71,10 @@ class Arena {
   void Reset();
 
   // Write tracking for pre-copy migration: while on, every change through the
-  // containers marks its pages; TakeDirty returns them as (offset, length)
-  // runs and clears the marks.
+  // containers marks the blocks it touched; TakeDirty returns them as
+  // (offset, length) runs and clears the marks. Blocks are smaller than a
+  // page: a 1 KB value rewritten in place resends ~1-2 KiB, not 4-8.
+  static constexpr size_t kDirtyBlock = 1024;
   void TrackWrites(bool on);
   bool tracking() const { return tracking_; }
   void MarkDirty(uint64_t offset, size_t length);
@@ -118,7 +120,7 @@ class Arena {
   size_t mapped_ = 0;
   size_t used_ = 0;
   bool tracking_ = false;
-  std::vector<uint64_t> dirty_;  // one bit per page
+  std::vector<uint64_t> dirty_;  // one bit per kDirtyBlock
 };
 
 // A hash-partitioned piece of a sharded map: the keys whose KeyHash falls in
