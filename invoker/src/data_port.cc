@@ -191,10 +191,14 @@ void DataPort::ServePeer(int fd) {
   // A migration into this node, while one is being received here.
   std::optional<pv1::ShardInfo> incoming;
   std::optional<proclets::Arena> arena;
-  std::optional<RealtimeSection> realtime;  // its final rounds
+  std::optional<MigrationPriority> priority;  // while receiving one
+  std::optional<RealtimeSection> realtime;    // its final rounds
   while (true) {
     if (!batch.empty() && !reader.HasFrame() && !flush()) return;
-    if (!arena) realtime.reset();  // the move ended (its answer sent)
+    if (!arena) {  // no move under way (the last one's answer is sent)
+      realtime.reset();
+      priority.reset();
+    }
     if (!reader.Next(&req).ok()) return;
     wire::Reader r(req);
     uint8_t op;
@@ -218,6 +222,7 @@ void DataPort::ServePeer(int fd) {
         if (!r.Str(&info) || !parsed.ParseFromArray(info.data(), info.size()))
           return;
         (void)r.U64(&size);  // absent from older peers
+        priority.emplace();
         // Backed by memory before the bytes come (not a fault per page as
         // they do), ahead of time where possible.
         auto a = spare_.Take(size);

@@ -3,7 +3,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 
 #include <cerrno>
 #include <cstring>
@@ -67,6 +69,17 @@ bool DataKey::Matches(std::string_view key) const {
   unsigned char diff = 0;  // constant time
   for (size_t i = 0; i < key.size(); ++i) diff |= key[i] ^ key_[i];
   return diff == 0;
+}
+
+MigrationPriority::MigrationPriority()
+    : tid_(static_cast<int>(syscall(SYS_gettid))) {
+  errno = 0;
+  old_ = getpriority(PRIO_PROCESS, tid_);
+  changed_ = errno == 0 && setpriority(PRIO_PROCESS, tid_, -10) == 0;
+}
+
+MigrationPriority::~MigrationPriority() {
+  if (changed_) (void)setpriority(PRIO_PROCESS, tid_, old_);
 }
 
 RealtimeSection::RealtimeSection() : policy_(sched_getscheduler(0)) {

@@ -56,6 +56,26 @@ struct PeerConn {
   }
 };
 
+// Raises the calling thread's CPU priority (nice -10) until destroyed, then
+// puts it back: for the threads that move a shard, at both ends, so that the
+// copy keeps its pace on cores the shard's own writers keep busy (a slower
+// copy gives them more to dirty, and every round resends that; measured on
+// 2 cores with 4 writers: 10 MiB moves 2.3-3.3x -> 1.4-1.9x the plain copy,
+// writers' p99.9 2-3 -> 4-7 ms during the moves). Best effort: unchanged
+// without the privilege.
+class MigrationPriority {
+ public:
+  MigrationPriority();
+  ~MigrationPriority();
+  MigrationPriority(const MigrationPriority&) = delete;
+  MigrationPriority& operator=(const MigrationPriority&) = delete;
+
+ private:
+  int tid_;
+  int old_ = 0;
+  bool changed_ = false;
+};
+
 // Runs the calling thread at real-time priority (SCHED_FIFO) until
 // destroyed, then as before: for the final round of a migration, at both
 // ends, where writes are held. That round is short and mostly waits on the

@@ -1,7 +1,6 @@
 #include "shard_mover.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -152,10 +151,6 @@ void Reaper::Free(std::shared_ptr<void> garbage) {
 }
 
 void Reaper::Run() {
-  // Only when nothing else wants the CPU: freeing a moved shard's pages
-  // would otherwise preempt the move's own answer (and the writers).
-  sched_param idle{};
-  (void)sched_setscheduler(0, SCHED_IDLE, &idle);
   while (true) {
     std::vector<std::shared_ptr<void>> batch;
     {
@@ -183,6 +178,7 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
   if (!hs) return absl::NotFoundError(absl::StrCat("no shard ", id, " here"));
   if (target == self_)
     return absl::InvalidArgumentError("the shard is already on that node");
+  MigrationPriority priority;
   // However the move ends, writers stop waiting.
   struct Unthrottle {
     HostedShard* shard;

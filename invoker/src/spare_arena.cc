@@ -1,5 +1,9 @@
 #include "spare_arena.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -52,6 +56,8 @@ size_t SpareArena::ready_bytes() const {
 }
 
 void SpareArena::Run() {
+  // Background work: writers and moves come first.
+  (void)setpriority(PRIO_PROCESS, static_cast<int>(syscall(SYS_gettid)), 19);
   while (true) {
     size_t want;
     {

@@ -263,8 +263,14 @@ absl::Status Arena::Prefault(size_t n) {
   absl::Status s = Grow(n);
   if (!s.ok() || n == 0) return s;
   // Best effort: without MADV_POPULATE_WRITE (Linux < 5.14) pages fault in
-  // as they are written.
-  (void)madvise(base_, RoundUpToPage(n), MADV_POPULATE_WRITE);
+  // as they are written. A piece at a time, so that the process's memory
+  // map is not held for all of it (another thread may want to map memory).
+  constexpr size_t kPiece = size_t{2} << 20;
+  const size_t end = RoundUpToPage(n);
+  for (size_t at = 0; at < end; at += kPiece)
+    if (madvise(base_ + at, std::min(kPiece, end - at), MADV_POPULATE_WRITE) !=
+        0)
+      break;
   return absl::OkStatus();
 }
 

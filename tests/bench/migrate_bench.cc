@@ -197,11 +197,12 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "--tcp-send")
     return TcpSend(argv[2], argv[3]);
   std::vector<int> sizes = {10, 64};
-  int writers = 4, runs = 3;
+  int writers = 4, runs = 3, instance_cpus = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--writers") writers = std::atoi(argv[i + 1]);
     if (flag == "--runs") runs = std::max(1, std::atoi(argv[i + 1]));
+    if (flag == "--instance-cpus") instance_cpus = std::atoi(argv[i + 1]);
     if (flag == "--sizes") {
       sizes.clear();
       for (absl::string_view v : absl::StrSplit(argv[i + 1], ','))
@@ -227,6 +228,7 @@ int main(int argc, char** argv) {
   // node-a offers more memory: new shards start there.
   for (auto [name, mib] : {std::pair{"node-a", 1 << 20}, {"node-b", 4096}}) {
     auto s = c.AddNode({.name = name,
+                        .cpus = static_cast<uint32_t>(instance_cpus),
                         .memory_mib = static_cast<uint64_t>(mib),
                         .extra = {"--max-instances", max}});
     if (!s.ok()) {
@@ -351,16 +353,26 @@ int main(int argc, char** argv) {
     if (!moved) return 1;
     uint32_t max_ns = 0;
     size_t writes = 0;
+    std::vector<uint32_t> all;
     for (auto& v : lat) {
       writes += v.size();
       for (uint32_t x : v) max_ns = std::max(max_ns, x);
+      all.insert(all.end(), v.begin(), v.end());
     }
+    std::sort(all.begin(), all.end());
     printf("%-28s %9llu %9.2f %9.2f %9.3f %7d %12.3f\n",
            absl::StrCat(mib, " MiB, ", writers, " writers").c_str(),
            static_cast<unsigned long long>(busy_bytes), Median(busy_wall),
            tcp_ms, busy_pause, busy_rounds, max_ns / 1e6);
-    printf("%-28s %zu moves, %zu writes, %d writer call(s) failed\n", "",
-           busy_wall.size(), writes, failed.load());
+    auto pct = [&](double q) {
+      return all.empty() ? 0.0
+                         : all[static_cast<size_t>(q * (all.size() - 1))] / 1e6;
+    };
+    printf(
+        "%-28s %zu moves, %zu writes (p50 %.3f, p99 %.3f, p99.9 %.3f ms), "
+        "%d writer call(s) failed\n",
+        "", busy_wall.size(), writes, pct(0.5), pct(0.99), pct(0.999),
+        failed.load());
     ratios.push_back(
         absl::StrFormat("migrate_pause_ms_%dMiB=%.3f", mib, busy_pause));
     ratios.push_back(
