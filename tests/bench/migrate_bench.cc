@@ -5,7 +5,7 @@
 // namespaces in the same run (the physical limit of the copy).
 //
 //   sudo build/tests/bench/bench_migrate [--sizes 10,64] [--writers 4]
-//                                        [--runs 3]
+//                                        [--runs 5]
 //
 // Total: the `POST /system/proclets/ID/migrate` call as a user makes it
 // (directory commit included), the median of --runs moves back and forth.
@@ -197,12 +197,11 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "--tcp-send")
     return TcpSend(argv[2], argv[3]);
   std::vector<int> sizes = {10, 64};
-  int writers = 4, runs = 3, instance_cpus = 0;
+  int writers = 4, runs = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--writers") writers = std::atoi(argv[i + 1]);
     if (flag == "--runs") runs = std::max(1, std::atoi(argv[i + 1]));
-    if (flag == "--instance-cpus") instance_cpus = std::atoi(argv[i + 1]);
     if (flag == "--sizes") {
       sizes.clear();
       for (absl::string_view v : absl::StrSplit(argv[i + 1], ','))
@@ -228,7 +227,6 @@ int main(int argc, char** argv) {
   // node-a offers more memory: new shards start there.
   for (auto [name, mib] : {std::pair{"node-a", 1 << 20}, {"node-b", 4096}}) {
     auto s = c.AddNode({.name = name,
-                        .cpus = static_cast<uint32_t>(instance_cpus),
                         .memory_mib = static_cast<uint64_t>(mib),
                         .extra = {"--max-instances", max}});
     if (!s.ok()) {
