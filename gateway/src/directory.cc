@@ -411,7 +411,9 @@ struct Directory::Impl {
     auto restore_state = [&]() {
       absl::MutexLock l(&mu);
       if (pv1::Layout* layout = LayoutOf(id))
-        if (auto* loc = LocOf(layout, id)) loc->set_state(pv1::SHARD_ACTIVE);
+        if (auto* loc = LocOf(layout, id);
+            loc && loc->state() == pv1::SHARD_MIGRATING)
+          loc->set_state(pv1::SHARD_ACTIVE);  // not if lost meanwhile
     };
     if (source == nullptr) {
       restore_state();
@@ -790,7 +792,11 @@ struct Directory::Impl {
     for (auto& [key, layout] : layouts) {
       bool dirty = false;
       for (auto& s : *layout.mutable_shards()) {
-        if (s.node() == node && s.state() == pv1::SHARD_ACTIVE) {
+        // A shard moving off the node is lost with it too: the move fails
+        // (and keeps it lost), or it committed and the target's reports put
+        // it there.
+        if (s.node() == node && (s.state() == pv1::SHARD_ACTIVE ||
+                                 s.state() == pv1::SHARD_MIGRATING)) {
           s.set_state(pv1::SHARD_LOST);
           dirty = true;
         }
