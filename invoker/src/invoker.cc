@@ -41,6 +41,7 @@
 #include "gpu/devices.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "invoker/proto/proclets.grpc.pb.h"
+#include "logs.h"
 #include "node_cgroup.h"
 #include "proclet_host.h"
 #include "proclets/bundle.h"
@@ -54,12 +55,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using v1::FunctionSpec;
-
-int64_t NowNanos() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string RandomId(size_t n) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -115,147 +110,6 @@ std::optional<std::chrono::milliseconds> ParseDuration(absl::string_view s) {
 std::string Key(const std::string& ns, const std::string& name) {
   return ns + "/" + name;
 }
-
-// ---- logs ----
-
-struct LogLine {
-  int64_t ts;
-  std::string instance;
-  std::string text;
-};
-
-class LogBook {
- public:
-  void Append(const std::string& fn_key, const std::string& instance,
-              std::string text) {
-    std::lock_guard<std::mutex> l(mu_);
-    auto& q = lines_[fn_key];
-    q.push_back({NowNanos(), instance, std::move(text)});
-    ++seq_[fn_key];
-    if (q.size() > kMaxLines) q.pop_front();
-    cv_.notify_all();
-  }
-
-  // Lines after `since`, at most `tail` (the newest), then, with follow, new
-  // ones until `stop` says so.
-  template <typename Emit, typename Stop>
-  void Read(const std::string& fn_key, int64_t since, int64_t tail, bool follow,
-            Emit emit, Stop stop) {
-    std::unique_lock<std::mutex> l(mu_);
-    auto& q = lines_[fn_key];
-    std::vector<LogLine> first;
-    for (const auto& line : q)
-      if (line.ts >= since) first.push_back(line);
-    if (tail > 0 && first.size() > static_cast<size_t>(tail))
-      first.erase(first.begin(), first.end() - tail);
-    uint64_t seen = seq_[fn_key];
-    l.unlock();
-    for (const auto& line : first)
-      if (!emit(line)) return;
-    while (follow && !stop()) {
-      l.lock();
-      cv_.wait_for(l, std::chrono::milliseconds(200),
-                   [&] { return seq_[fn_key] != seen; });
-      uint64_t now = seq_[fn_key];
-      std::vector<LogLine> fresh;
-      auto& cur = lines_[fn_key];
-      uint64_t n = std::min<uint64_t>(now - seen, cur.size());
-      for (auto it = cur.end() - static_cast<long>(n); it != cur.end(); ++it)
-        fresh.push_back(*it);
-      seen = now;
-      l.unlock();
-      for (const auto& line : fresh)
-        if (!emit(line)) return;
-    }
-  }
-
- private:
-  static constexpr size_t kMaxLines = 10000;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::deque<LogLine>> lines_;
-  std::map<std::string, uint64_t> seq_;
-};
-
-// Reads instances' stdout/stderr pipes and turns them into log lines.
-class LogCollector {
- public:
-  explicit LogCollector(LogBook* book) : book_(book) {
-    epfd_ = epoll_create1(EPOLL_CLOEXEC);
-    int p[2];
-    (void)!pipe2(p, O_CLOEXEC | O_NONBLOCK);
-    wake_r_ = p[0];
-    wake_w_ = p[1];
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = wake_r_;
-    epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_r_, &ev);
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~LogCollector() {
-    stop_ = true;
-    (void)!write(wake_w_, "x", 1);
-    thread_.join();
-    for (auto& [fd, src] : sources_) close(fd);
-    close(epfd_);
-    close(wake_r_);
-    close(wake_w_);
-  }
-  // Takes ownership of fd.
-  void Add(int fd, const std::string& fn_key, const std::string& instance) {
-    fcntl(fd, F_SETFL, O_NONBLOCK);
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      sources_[fd] = {fn_key, instance, ""};
-    }
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
-  }
-
- private:
-  struct Source {
-    std::string fn_key, instance, partial;
-  };
-  void Loop() {
-    epoll_event events[32];
-    char buf[65536];
-    while (!stop_) {
-      int n = epoll_wait(epfd_, events, 32, -1);
-      for (int i = 0; i < n; ++i) {
-        int fd = events[i].data.fd;
-        if (fd == wake_r_) continue;
-        ssize_t r = read(fd, buf, sizeof(buf));
-        std::lock_guard<std::mutex> l(mu_);
-        auto it = sources_.find(fd);
-        if (it == sources_.end()) continue;
-        if (r > 0) {
-          it->second.partial.append(buf, static_cast<size_t>(r));
-          size_t nl;
-          while ((nl = it->second.partial.find('\n')) != std::string::npos) {
-            book_->Append(it->second.fn_key, it->second.instance,
-                          it->second.partial.substr(0, nl));
-            it->second.partial.erase(0, nl + 1);
-          }
-        } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
-          if (!it->second.partial.empty())
-            book_->Append(it->second.fn_key, it->second.instance,
-                          it->second.partial);
-          epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
-          close(fd);
-          sources_.erase(it);
-        }
-      }
-    }
-  }
-  LogBook* book_;
-  int epfd_, wake_r_, wake_w_;
-  std::atomic<bool> stop_{false};
-  std::mutex mu_;
-  std::map<int, Source> sources_;
-  std::thread thread_;
-};
 
 // ---- instances ----
 
@@ -914,7 +768,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       m.kind = pool.bundle->manifest.kind;
       m.kernel = snapshot::KernelRelease();
       m.criu_version = criu_version;
-      m.created_unix = NowNanos() / 1000000000;
+      m.created_unix = WallNanos() / 1000000000;
       m.checkpoint_ms = dump_ms;
       unlink((tmp + "/dump.log").c_str());
       dumped = snapshot::Seal(tmp, ImageDir(id), &m);
