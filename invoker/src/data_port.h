@@ -41,6 +41,9 @@ class DataPort {
   // host:port of the port (with the port picked when 0 was asked for).
   const std::string& address() const { return address_; }
 
+  // Memory held ready for the next shard to arrive (SpareArena).
+  uint64_t spare_bytes() const { return spare_.ready_bytes(); }
+
   // Starts accepting peers (once).
   void StartAccepting();
   // Stops accepting and shuts down every peer connection, so that no shard

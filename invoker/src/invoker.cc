@@ -1937,7 +1937,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
     r.set_shard_bytes(shard_bytes);
     r.set_state_ops(proclet_host->ops());
-    r.mutable_used()->set_memory_bytes(mem + shard_bytes);
+    // The spare arena counts too: placement must not promise it away.
+    r.mutable_used()->set_memory_bytes(mem + shard_bytes +
+                                       proclet_host->spare_bytes());
     std::set<std::string> resident;
     for (const auto& [key, pool] : pools)
       if (pool->tmpl) resident.insert(pool->tmpl->snapshot_id);

@@ -146,6 +146,8 @@ void ProcletHost::ForgetLayout(const std::string& ns, const std::string& name) {
 
 uint64_t ProcletHost::ops() const { return impl_->shards.ops(); }
 
+uint64_t ProcletHost::spare_bytes() const { return impl_->port->spare_bytes(); }
+
 std::vector<pv1::ShardInfo> ProcletHost::Shards() const {
   return impl_->shards.Infos();
 }

@@ -83,6 +83,8 @@ class ProcletHost {
   std::vector<pv1::ShardInfo> Shards() const;
   // State operations executed on shards held here so far (cumulative).
   uint64_t ops() const;
+  // Memory held ready for shards that migrate here (the spare arena).
+  uint64_t spare_bytes() const;
 
  private:
   struct Impl;
