@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "invoker/proto/proclets.grpc.pb.h"
 #include "metrics.h"
+#include "proclets/shard.h"
 #include "silt/state_wire.h"
 
 namespace silt::gateway {
@@ -73,16 +74,9 @@ StructureView ToView(const pv1::Layout& l) {
 
 }  // namespace
 
-const char* KindName(StructureKind k) {
-  switch (k) {
-    case StructureKind::kMap:
-      return "map";
-    case StructureKind::kVector:
-      return "vector";
-    case StructureKind::kQueue:
-      return "queue";
-  }
-  return "unknown";
+std::string KindName(StructureKind k) {
+  return std::string(
+      proclets::ShardKindName(static_cast<proclets::ShardKind>(k)));
 }
 
 const char* ShardStateName(ShardState s) {

@@ -29,7 +29,7 @@ class Metrics;
 
 enum class StructureKind { kMap = 1, kVector = 2, kQueue = 3 };
 enum class ShardState { kActive = 1, kMigrating = 2, kLost = 3 };
-const char* KindName(StructureKind k);
+std::string KindName(StructureKind k);
 const char* ShardStateName(ShardState s);
 
 struct ShardView {

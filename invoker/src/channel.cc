@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "frames.h"
 
 namespace silt::invoker {
 namespace {
@@ -88,22 +89,8 @@ absl::Status ReadFrame(int fd, google::protobuf::MessageLite* msg,
 
 absl::Status SendFds(int sock, const int* fds, int count) {
   char marker = 'F';
-  iovec iov{&marker, 1};
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * count));
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * count);
-  memcpy(CMSG_DATA(c), fds, sizeof(int) * count);
-  ssize_t n;
-  while ((n = sendmsg(sock, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
-  }
-  if (n != 1)
+  if (SendWithRights(sock, std::string_view(&marker, 1), fds,
+                     static_cast<size_t>(count), MSG_NOSIGNAL) != 1)
     return absl::UnavailableError(
         absl::StrCat("passing descriptors: ", strerror(errno)));
   return absl::OkStatus();

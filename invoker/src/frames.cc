@@ -63,6 +63,27 @@ absl::Status WriteAll(int fd, std::string_view bytes) {
   return absl::OkStatus();
 }
 
+ssize_t SendWithRights(int sock, std::string_view bytes, const int* fds,
+                       size_t count, int flags) {
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * count));
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * count);
+  memcpy(CMSG_DATA(c), fds, sizeof(int) * count);
+  ssize_t n;
+  do {
+    n = sendmsg(sock, &msg, flags);
+  } while (n < 0 && errno == EINTR);
+  return n;
+}
+
 absl::Status SendFileRange(int fd, int file, uint64_t offset, uint64_t length) {
   off_t at = static_cast<off_t>(offset);
   while (length > 0) {

@@ -33,6 +33,12 @@ absl::Status WriteAllV(int fd, iovec* iov, size_t count);
 // DataLoss when the file ends first.
 absl::Status SendFileRange(int fd, int file, uint64_t offset, uint64_t length);
 
+// One sendmsg of `bytes` on a unix socket with `count` file descriptors
+// passed along (SCM_RIGHTS), retried on EINTR; `flags` as for sendmsg. How
+// many bytes went, or -1 with errno set.
+ssize_t SendWithRights(int sock, std::string_view bytes, const int* fds,
+                       size_t count, int flags);
+
 // Reads exactly one frame (nothing past it) from a unix socket, collecting
 // the file descriptors sent along with any of its bytes (close-on-exec).
 // Unavailable when the peer closed, DataLoss for a frame over the limit (the

@@ -47,17 +47,9 @@ StateCode CodeOf(const absl::Status& s) {
 
 pv1::Kind ProtoKind(StateKind k) { return static_cast<pv1::Kind>(k); }
 
-const char* KindName(pv1::Kind k) {
-  switch (k) {
-    case pv1::KIND_MAP:
-      return "map";
-    case pv1::KIND_VECTOR:
-      return "vector";
-    case pv1::KIND_QUEUE:
-      return "queue";
-    default:
-      return "unknown";
-  }
+std::string KindName(pv1::Kind k) {
+  return std::string(
+      proclets::ShardKindName(static_cast<proclets::ShardKind>(k)));
 }
 
 bool IsWrite(StateOp op) {
@@ -93,6 +85,15 @@ std::string Execute(HostedShard& s, StateOp op, wire::Reader& r) {
   auto bad = [] {
     return Error(StateCode::kInvalid, "malformed request arguments");
   };
+  // A map's or queue's size: the count, then who answered (id, lo, hi).
+  auto size_reply = [&](uint64_t count) {
+    out.push_back(0);
+    w.U64(count);
+    w.U64(s.info.id());
+    w.U64(s.info.lo());
+    w.U64(s.info.hi());
+    return out;
+  };
   if (s.map) {
     MapShard& m = *s.map;
     switch (op) {
@@ -121,13 +122,8 @@ std::string Execute(HostedShard& s, StateOp op, wire::Reader& r) {
         w.U8(had ? 1 : 0);
         return out;
       }
-      case StateOp::kMapSize:  // count, then who answered: id, lo, hi
-        out.push_back(0);
-        w.U64(m.count());
-        w.U64(s.info.id());
-        w.U64(s.info.lo());
-        w.U64(s.info.hi());
-        return out;
+      case StateOp::kMapSize:
+        return size_reply(m.count());
       // Keys this shard does not cover (it split since the caller's
       // layout was cached) come back marked, for the caller to re-route.
       case StateOp::kMapMultiGet: {
@@ -264,12 +260,7 @@ std::string Execute(HostedShard& s, StateOp op, wire::Reader& r) {
         return out;
       }
       case StateOp::kQueueSize:
-        out.push_back(0);
-        w.U64(q.count());
-        w.U64(s.info.id());
-        w.U64(s.info.lo());
-        w.U64(s.info.hi());
-        return out;
+        return size_reply(q.count());
       default:
         break;
     }

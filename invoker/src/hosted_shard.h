@@ -106,7 +106,7 @@ wire::StateCode CodeOf(const absl::Status& s);
 
 pv1::Kind ProtoKind(wire::StateKind k);
 // "map", "vector", "queue" (for messages).
-const char* KindName(pv1::Kind k);
+std::string KindName(pv1::Kind k);
 
 }  // namespace silt::invoker
 

@@ -25,6 +25,43 @@ constexpr int kMaxAttempts = 6;
 // listings show which functions use a structure).
 thread_local std::string t_function;
 
+// The hint that routes an operation on one shard by its arguments: a map
+// key's hash, a vector index, the vector's end for a push or its size, the
+// queue's one shard. InvalidArgument when an argument is missing,
+// ResourceExhausted for a key over the limit, NotFound for an operation that
+// is not routed this way. The fast path and the router must agree on it.
+absl::StatusOr<uint64_t> RoutingHint(StateOp op, std::string_view args) {
+  wire::Reader a(args);
+  switch (op) {
+    case StateOp::kMapGet:
+    case StateOp::kMapPut:
+    case StateOp::kMapErase:
+    case StateOp::kMapContains: {
+      std::string_view key;
+      if (!a.Str(&key)) return absl::InvalidArgumentError("missing key");
+      if (key.size() > proclets::kMaxKeyBytes)
+        return absl::ResourceExhaustedError(
+            absl::StrCat("key of ", key.size(), " bytes; the limit is ",
+                         proclets::kMaxKeyBytes));
+      return proclets::KeyHash(key);
+    }
+    case StateOp::kVecGet:
+    case StateOp::kVecSet: {
+      uint64_t index;
+      if (!a.U64(&index)) return absl::InvalidArgumentError("missing index");
+      return index;
+    }
+    case StateOp::kVecPush:
+    case StateOp::kVecSize:
+      return kOpenEnd - 1;
+    case StateOp::kQueuePush:
+    case StateOp::kQueuePop:
+      return 0;
+    default:
+      return absl::NotFoundError("not routed by its arguments");
+  }
+}
+
 }  // namespace
 
 ShardRouter::ShardRouter(Resolver resolve, std::string self, ShardTable& shards,
@@ -256,33 +293,22 @@ StateLoopBackend::Fast ShardRouter::Fast(const std::string& ns,
   std::string_view name;
   if (!wire::ReadRequestHeader(&r, &op, &kind, &name)) return f;
   std::string_view args = r.rest();
-  uint64_t hint = 0;
-  switch (op) {
+  switch (op) {  // what the fast path takes (never a queue pop: it may wait)
     case StateOp::kMapGet:
     case StateOp::kMapPut:
     case StateOp::kMapErase:
-    case StateOp::kMapContains: {
-      wire::Reader k(args);
-      std::string_view key;
-      if (!k.Str(&key) || key.size() > proclets::kMaxKeyBytes) return f;
-      hint = proclets::KeyHash(key);
-      break;
-    }
+    case StateOp::kMapContains:
     case StateOp::kVecGet:
-    case StateOp::kVecSet: {
-      wire::Reader a(args);
-      if (!a.U64(&hint)) return f;
-      break;
-    }
+    case StateOp::kVecSet:
     case StateOp::kVecPush:
-      hint = kOpenEnd - 1;
-      break;
     case StateOp::kQueuePush:
-      hint = 0;
       break;
     default:
       return f;
   }
+  auto routed = RoutingHint(op, args);
+  if (!routed.ok()) return f;  // the slow path explains what is wrong
+  const uint64_t hint = *routed;
   std::shared_ptr<const pv1::Layout> layout;
   {
     absl::MutexLock l(&layouts_mu_);
@@ -390,16 +416,17 @@ std::string ShardRouter::HandleInstance(const std::string& ns,
     case StateOp::kMapGet:
     case StateOp::kMapPut:
     case StateOp::kMapErase:
-    case StateOp::kMapContains: {
-      wire::Reader k(args);
-      std::string_view key;
-      if (!k.Str(&key)) return Error(StateCode::kInvalid, "missing key");
-      if (key.size() > proclets::kMaxKeyBytes)
-        return Error(
-            StateCode::kTooLarge,
-            absl::StrCat("key of ", key.size(), " bytes; the limit is ",
-                         proclets::kMaxKeyBytes));
-      return Route(ns, name, kind, proclets::KeyHash(key), op, args);
+    case StateOp::kMapContains:
+    case StateOp::kVecPush:
+    case StateOp::kVecSize:
+    case StateOp::kVecGet:
+    case StateOp::kVecSet:
+    case StateOp::kQueuePush:
+    case StateOp::kQueuePop: {
+      auto hint = RoutingHint(op, args);
+      if (!hint.ok())
+        return Error(CodeOf(hint.status()), hint.status().message());
+      return Route(ns, name, kind, *hint, op, args);
     }
     case StateOp::kMapSize:
     case StateOp::kQueueSize:
@@ -407,21 +434,8 @@ std::string ShardRouter::HandleInstance(const std::string& ns,
     case StateOp::kMapMultiGet:
     case StateOp::kMapMultiPut:
       return MultiOp(ns, name, op, args);
-    case StateOp::kVecPush:
-    case StateOp::kVecSize:
-      return Route(ns, name, kind, kOpenEnd - 1, op, args);
-    case StateOp::kVecGet:
-    case StateOp::kVecSet: {
-      wire::Reader a(args);
-      uint64_t index;
-      if (!a.U64(&index)) return Error(StateCode::kInvalid, "missing index");
-      return Route(ns, name, kind, index, op, args);
-    }
     case StateOp::kVecRange:
       return RangeOp(ns, name, args);
-    case StateOp::kQueuePush:
-    case StateOp::kQueuePop:
-      return Route(ns, name, kind, 0, op, args);
     case StateOp::kShareMap:  // the loop serves these itself
     case StateOp::kShareRing:
       break;

@@ -481,22 +481,8 @@ struct StateLoop::Impl {
                    const std::vector<int>& fds) {
     std::string frame;
     AppendFrame(&frame, reply);
-    iovec iov{frame.data(), frame.size()};
-    std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
-    ssize_t n;
-    do {
-      n = sendmsg(c.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
+    ssize_t n = SendWithRights(c.fd, frame, fds.data(), fds.size(),
+                               MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n <= 0) return false;
     c.out.Raw(std::string_view(frame).substr(static_cast<size_t>(n)));
     return true;
