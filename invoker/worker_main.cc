@@ -195,6 +195,19 @@ std::vector<std::string> SplitCommand(const std::string& cmd) {
   return absl::StrSplit(cmd, ' ', absl::SkipEmpty());
 }
 
+WorkerReply Ok(std::string body = "") {
+  WorkerReply r;
+  r.set_status(200);
+  r.set_body(std::move(body));
+  return r;
+}
+
+// A task that could not run: a task reply (StateCode byte, message).
+WorkerReply TaskError(absl::string_view msg) {
+  return Ok(absl::StrCat(
+      std::string(1, static_cast<char>(wire::StateCode::kInvalid)), msg));
+}
+
 WorkerReply Error(int status, const std::string& msg) {
   WorkerReply r;
   r.set_status(status);
@@ -270,6 +283,16 @@ class NativeRuntime {
     }
     r.set_body(std::move(res->body));
     return r;
+  }
+
+  // A compute proclet's share of a job: the reply body is the task's reply
+  // (silt/abi.h silt_task).
+  WorkerReply Task(const WorkerCall& c) {
+    ctx_.call_id = c.call_id();
+    auto res = lib_->Task(ctx_, c.body());
+    ctx_.call_id.clear();
+    if (!res.ok()) return TaskError(res.status().message());
+    return Ok(*std::move(res));
   }
 
   void BeforePark() {}
@@ -427,6 +450,11 @@ class ClassicRuntime {
     return r;
   }
 
+  WorkerReply Task(const WorkerCall&) {
+    return TaskError(
+        "compute tasks need a C++ function (a native bundle built with "
+        "silt/function.h); this function is an exec bundle");
+  }
   void BeforePark() {}
   void Resumed(const std::string&, uint64_t seed) { Reseed(seed); }
 
@@ -535,6 +563,11 @@ class HttpRuntime {
   }
 
   // No connection may cross a checkpoint: the server's listening socket does.
+  WorkerReply Task(const WorkerCall&) {
+    return TaskError(
+        "compute tasks need a C++ function (a native bundle built with "
+        "silt/function.h); this function is an exec bundle");
+  }
   void BeforePark() { stream_.reset(); }
   void Resumed(const std::string&, uint64_t seed) { Reseed(seed); }
 
@@ -554,13 +587,6 @@ class HttpRuntime {
   std::string host_, port_;
   pid_t server_ = -1;
 };
-
-WorkerReply Ok(std::string body = "") {
-  WorkerReply r;
-  r.set_status(200);
-  r.set_body(std::move(body));
-  return r;
-}
 
 void NullStdio() {
   int null = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -680,7 +706,7 @@ int Serve(const WorkerConfig& cfg) {
       if (!TemplateLoop(rt)) return 0;
       continue;  // a clone
     }
-    WorkerReply reply = rt.Call(call);
+    WorkerReply reply = call.op() == "task" ? rt.Task(call) : rt.Call(call);
     if (!WriteFrame(kChannel, reply).ok()) return 0;
   }
 }

@@ -110,6 +110,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     uint32_t shards = 0;
     uint64_t state_ops = 0;  // cumulative, as last reported
     bool leaving = false;    // asked to be drained (Drain): place nothing here
+    uint32_t tasks = 0;      // compute proclets running there
     grpc::ServerContext* ctx = nullptr;
     grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream =
         nullptr;
@@ -266,6 +267,30 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     }
   }
 
+  // Every node as the invokers' executors see it (where compute proclets may
+  // run): sent to each node when one joins or leaves and after each report.
+  void SendClusterView() {
+    v1::GatewayMessage m;
+    std::vector<std::shared_ptr<Node>> to;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto* view = m.mutable_cluster();
+      for (const auto& [n, node] : nodes) {
+        auto* v = view->add_nodes();
+        v->set_name(node->name);
+        v->set_data_address(node->data_address);
+        v->set_cores(node->cores);
+        v->set_draining(node->leaving);
+        v->set_tasks(node->tasks);
+        to.push_back(node);
+      }
+    }
+    for (auto& node : to) {
+      std::lock_guard<std::mutex> w(node->write_mu);
+      if (node->stream) node->stream->Write(m);
+    }
+  }
+
   // ---- Control service ----
 
   grpc::Status Connect(
@@ -314,6 +339,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       nodes[node->name] = node;
     }
     SendAssignments();
+    SendClusterView();
     v1::NodeMessage m;
     while (stream->Read(&m)) {
       if (!m.has_report()) continue;
@@ -337,6 +363,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       node->counts.clear();
       for (const auto& c : m.report().instances())
         node->counts[Key(c.namespace_(), c.name())] = c;
+      node->tasks = m.report().tasks();
       std::map<std::string, v1::SnapshotInfo> snaps;
       for (const auto& sn : m.report().snapshots()) snaps[sn.id()] = sn;
       RecordSnapshotsLocked(*node, std::move(snaps));
@@ -356,6 +383,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       node->stream = nullptr;
     }
     SendAssignments();  // its replicas move to the remaining nodes
+    SendClusterView();
     return grpc::Status::OK;
   }
 
@@ -443,6 +471,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
             absl::StrCat("no connected node named \"", name, "\""));
       it->second->leaving = true;
     }
+    SendClusterView();  // no new compute proclets there either
     DrainOptions o;
     o.deadline = ctx->deadline();
     o.cancelled = [ctx] { return ctx->IsCancelled(); };

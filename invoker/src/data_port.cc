@@ -66,7 +66,8 @@ absl::Status Install(ShardTable& shards, const pv1::ShardInfo& info,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataPort>> DataPort::Listen(
-    const std::string& data_listen, ShardTable& shards, const DataKey& key) {
+    const std::string& data_listen, ShardTable& shards, const DataKey& key,
+    TaskRunner run_task) {
   auto hp = SplitHostPort(data_listen);
   if (!hp.ok()) return hp.status();
   sockaddr_in sa{};
@@ -86,14 +87,16 @@ absl::StatusOr<std::unique_ptr<DataPort>> DataPort::Listen(
   }
   socklen_t len = sizeof(sa);
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  return std::unique_ptr<DataPort>(new DataPort(
-      shards, key, fd, absl::StrCat(hp->first, ":", ntohs(sa.sin_port))));
+  return std::unique_ptr<DataPort>(
+      new DataPort(shards, key, std::move(run_task), fd,
+                   absl::StrCat(hp->first, ":", ntohs(sa.sin_port))));
 }
 
-DataPort::DataPort(ShardTable& shards, const DataKey& key, int listener,
-                   std::string address)
+DataPort::DataPort(ShardTable& shards, const DataKey& key, TaskRunner run_task,
+                   int listener, std::string address)
     : shards_(shards),
       key_(key),
+      run_task_(std::move(run_task)),
       listener_(listener),
       address_(std::move(address)) {}
 
@@ -210,6 +213,21 @@ void DataPort::ServePeer(int fd) {
           reply = shards_.HandleShardOp(r);
         } catch (const std::exception& e) {
           fprintf(stderr, "silt-invoker: shard request: %s\n", e.what());
+          reply = Error(StateCode::kInternal, "internal error");
+        }
+        if (!respond(reply)) return;
+        break;
+      }
+      case PeerOp::kRunTask: {  // blocks this connection until it is done
+        TaskTarget target;
+        std::string_view call;
+        if (!run_task_ || !ReadRunTask(r, &target, &call)) return;
+        if (!batch.empty() && !flush()) return;
+        std::string reply;
+        try {
+          reply = run_task_(target, call);
+        } catch (const std::exception& e) {
+          fprintf(stderr, "silt-invoker: task request: %s\n", e.what());
           reply = Error(StateCode::kInternal, "internal error");
         }
         if (!respond(reply)) return;

@@ -30,9 +30,11 @@ class DataPort {
  public:
   // Binds `data_listen` (host:port; port 0 picks one) without accepting yet.
   // InvalidArgument for a bad address, Unavailable when it cannot listen.
-  // `shards` and `key` must outlive the port.
+  // `shards` and `key` must outlive the port. `run_task` serves kRunTask
+  // (may be empty: those connections are then closed).
   static absl::StatusOr<std::unique_ptr<DataPort>> Listen(
-      const std::string& data_listen, ShardTable& shards, const DataKey& key);
+      const std::string& data_listen, ShardTable& shards, const DataKey& key,
+      TaskRunner run_task = {});
   ~DataPort();  // Shutdown(), then Join()
 
   DataPort(const DataPort&) = delete;
@@ -55,8 +57,8 @@ class DataPort {
   void Join();
 
  private:
-  DataPort(ShardTable& shards, const DataKey& key, int listener,
-           std::string address);
+  DataPort(ShardTable& shards, const DataKey& key, TaskRunner run_task,
+           int listener, std::string address);
 
   void AcceptLoop();
   // Runs `serve(fd)` on a thread of its own until it returns; then closes fd.
@@ -67,6 +69,7 @@ class DataPort {
 
   ShardTable& shards_;
   const DataKey& key_;
+  const TaskRunner run_task_;
   SpareArena spare_;  // for the next shard to arrive
   // Written only before the acceptor starts and after it is joined.
   int listener_;

@@ -59,6 +59,8 @@ bool IsWrite(StateOp op) {
     case StateOp::kMapMultiPut:
     case StateOp::kVecPush:
     case StateOp::kVecSet:
+    case StateOp::kVecSetRange:
+    case StateOp::kVecExtend:
     case StateOp::kQueuePush:
     case StateOp::kQueuePop:
       return true;
@@ -205,6 +207,40 @@ std::string Execute(HostedShard& s, StateOp op, wire::Reader& r) {
         out.push_back(0);
         w.U64(v.first() + v.count());
         return out;
+      // The values whose indexes fall in this shard, from the first one on:
+      // how many were set (the caller sends the rest to the next shard).
+      case StateOp::kVecSetRange: {
+        uint64_t first;
+        uint32_t n;
+        if (!r.U64(&first) || !r.U32(&n)) return bad();
+        const uint64_t end = v.first() + v.count();
+        if (first < v.first() || (first >= end && !(first == end && n == 0)))
+          return Error(StateCode::kNotFound,
+                       absl::StrCat("index ", first, " is past the end"));
+        uint32_t set = 0;
+        for (; set < n && first + set < end; ++set) {
+          std::string_view val;
+          if (!r.Str(&val)) return bad();
+          if (auto st = v.Set(first + set, val); !st.ok())
+            return Error(CodeOf(st), st.message());
+        }
+        out.push_back(0);
+        w.U32(set);
+        return out;
+      }
+      case StateOp::kVecExtend: {  // the last shard: grow to n
+        uint64_t n;
+        if (!r.U64(&n)) return bad();
+        if (s.info.hi() != kOpenEnd)
+          return Error(StateCode::kInternal, "extend sent to an inner shard");
+        while (v.first() + v.count() < n) {
+          auto i = v.PushBack({});
+          if (!i.ok()) return Error(CodeOf(i.status()), i.status().message());
+        }
+        out.push_back(0);
+        w.U64(v.first() + v.count());
+        return out;
+      }
       case StateOp::kVecRange: {
         uint64_t first, n;
         if (!r.U64(&first) || !r.U64(&n)) return bad();

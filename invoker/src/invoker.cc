@@ -36,9 +36,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "channel.h"
+#include "cluster_view.h"
+#include "executor.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gpu/devices.h"
+#include "hosted_shard.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "invoker/proto/proclets.grpc.pb.h"
 #include "logs.h"
@@ -46,6 +49,7 @@
 #include "proclet_host.h"
 #include "proclets/bundle.h"
 #include "sandbox.h"
+#include "seccomp_log.h"
 #include "snapshot/criu.h"
 #include "snapshot/fast_restore.h"
 #include "snapshot/image.h"
@@ -269,6 +273,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::unique_ptr<ProcletHost> proclet_host;
   std::unique_ptr<ProcletService> proclet_service;
   std::atomic<uint64_t> instance_seq{0};
+  // Compute jobs of the instances here, and the cluster they run on.
+  ClusterView cluster;
+  std::unique_ptr<Executor> executor;
+  std::unique_ptr<SeccompLog> seccomp_log;  // null without /dev/kmsg
 
   // One pool per function version.
   struct Pool {
@@ -316,6 +324,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::vector<std::unique_ptr<Instance>> graveyard;
   int criu_version = 0;
   bool have_assignment = false;
+  // Compute proclets running here: their instances' channels (shut down
+  // when the invoker stops, so their waits end).
+  std::set<int> task_channels;
+  uint32_t tasks_running = 0;
 
   std::mutex stop_mu;
   std::condition_variable stop_cv;
@@ -340,6 +352,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (connector.joinable()) connector.join();
     if (reaper.joinable()) reaper.join();
     if (tender.joinable()) tender.join();
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (int fd : task_channels) shutdown(fd, SHUT_RDWR);
+    }
+    executor.reset();
     std::lock_guard<std::mutex> l(mu);
     pools.clear();
   }
@@ -588,6 +605,13 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (WIFSIGNALED(st)) {
       int sig = WTERMSIG(st);
       if (sig == SIGSYS) return "killed: forbidden system call (seccomp)";
+      // A clone's parent is inside its sandbox: the kernel's log says
+      // whether seccomp killed it.
+      if (sig == SIGKILL && seccomp_log && inst.proc->pid() > 0)
+        if (auto nr = seccomp_log->KilledBy(inst.proc->pid(),
+                                            absl::Milliseconds(200)))
+          return absl::StrCat("killed: forbidden system call ", *nr,
+                              " (seccomp)");
       if (sig == SIGKILL) return "killed (SIGKILL)";
       return absl::StrCat("crashed with signal ", sig, " (", strsignal(sig),
                           ")");
@@ -1578,9 +1602,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   // Takes an idle instance, or starts one, or waits in the bounded queue.
+  // `headroom`: instances it may start beyond the function's maximum (compute
+  // proclets, so that the jobs of callers holding every instance still run).
   absl::StatusOr<std::unique_ptr<Instance>> Acquire(
       std::shared_ptr<Pool> pool_ptr, Clock::time_point deadline,
-      std::string* tier) {
+      std::string* tier, int headroom = 0) {
     Pool& pool = *pool_ptr;
     std::unique_lock<std::mutex> l(mu);
     while (true) {
@@ -1595,7 +1621,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
           pool.busy + pool.starting + static_cast<int>(pool.idle.size());
       // Start an instance for this call unless one that the pool is filling in
       // (for its minimum) will be free for it.
-      if (total < MaxInstances(pool.spec) && pool.filling <= pool.waiting) {
+      if (total < MaxInstances(pool.spec) + headroom &&
+          pool.filling <= pool.waiting) {
         ++pool.starting;
         l.unlock();
         auto inst = StartFresh(pool_ptr);
@@ -1618,7 +1645,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       bool ok = pool.cv.wait_until(l, deadline, [&] {
         return !pool.idle.empty() ||
                (pool.busy + pool.starting + static_cast<int>(pool.idle.size()) <
-                    MaxInstances(pool.spec) &&
+                    MaxInstances(pool.spec) + headroom &&
                 pool.filling < pool.waiting);
       });
       --pool.waiting;
@@ -1749,6 +1776,103 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       Release(*pool, *std::move(inst));
     }
     return grpc::Status::OK;
+  }
+
+  // A compute proclet's share of a job (executor.h), in an instance of the
+  // function: the task's reply. kRetry when nothing ran (the function is not
+  // here, or it is at capacity).
+  std::string RunTask(const TaskTarget& t, std::string_view task_call) {
+    std::shared_ptr<Pool> pool;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto it = pools.find(Key(t.ns, t.function));
+      if (it != pools.end() &&
+          (t.generation == 0 || it->second->spec.generation() == t.generation))
+        pool = it->second;
+    }
+    if (!pool)
+      return Error(wire::StateCode::kRetry,
+                   absl::StrCat("function ", t.function, " (version ",
+                                t.generation, ") is not on node ", node_name));
+    auto timeout = std::chrono::milliseconds(t.timeout_ms);
+    auto deadline = Clock::now() + timeout;
+    std::string tier;
+    int headroom = static_cast<int>(
+        std::max(1u, options.cpus > 0 ? options.cpus
+                                      : std::thread::hardware_concurrency()));
+    auto inst = Acquire(pool, deadline, &tier, headroom);
+    if (!inst.ok())
+      return Error(absl::IsResourceExhausted(inst.status())
+                       ? wire::StateCode::kRetry
+                       : CodeOf(inst.status()),
+                   inst.status().message());
+    v1::WorkerCall call;
+    call.set_op("task");
+    call.set_call_id(absl::StrCat("task-", RandomId(8)));
+    call.set_body(std::string(task_call));
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    call.set_timeout_ms(
+        static_cast<uint64_t>(std::max<int64_t>(1, left.count())));
+    {
+      std::lock_guard<std::mutex> l(mu);
+      task_channels.insert((*inst)->channel);
+      ++tasks_running;
+    }
+    absl::Status s = WriteFrame((*inst)->channel, call);
+    v1::WorkerReply reply;
+    if (s.ok())
+      s = ReadFrame((*inst)->channel, &reply,
+                    left + std::chrono::milliseconds(100));
+    {
+      std::lock_guard<std::mutex> l(mu);
+      task_channels.erase((*inst)->channel);
+      --tasks_running;
+    }
+    if (!s.ok()) {
+      std::string id = (*inst)->id;
+      std::string why =
+          absl::IsDeadlineExceeded(s) ? "timed out" : DeathReason(**inst);
+      Release(*pool, nullptr);  // discarded, as in Invoke
+      logs.Append(
+          Key(t.ns, t.function), id,
+          absl::StrCat("silt: instance ", id, " (a compute proclet) ", why));
+      if (absl::IsDeadlineExceeded(s))
+        return Error(wire::StateCode::kTimeout,
+                     absl::StrCat("its share took longer than ",
+                                  timeout.count(), " ms"));
+      return Error(wire::StateCode::kInternal,
+                   absl::StrCat("instance ", id, " ", why));
+    }
+    (*inst)->fresh = false;
+    Release(*pool, *std::move(inst));
+    if (reply.body().empty())
+      return Error(wire::StateCode::kInternal, "empty task reply");
+    return std::move(*reply.mutable_body());
+  }
+
+  // What the executor's shares run as: the function's version here, and its
+  // timeout.
+  TaskTarget TargetOf(const std::string& ns, const std::string& function) {
+    TaskTarget t;
+    t.ns = ns;
+    t.function = function;
+    std::lock_guard<std::mutex> l(mu);
+    auto it = pools.find(Key(ns, function));
+    if (it != pools.end()) {
+      t.generation = it->second->spec.generation();
+      t.timeout_ms =
+          static_cast<uint32_t>(Timeout(it->second->spec, 0).count());
+    }
+    return t;
+  }
+
+  void SetCluster(const v1::ClusterView& v) {
+    ClusterView::Nodes nodes;
+    for (const auto& n : v.nodes())
+      nodes.push_back({n.name(), n.data_address(), n.cores(), n.cpu_used(),
+                       n.draining(), n.tasks()});
+    cluster.Set(std::move(nodes));
   }
 
   grpc::Status Logs(grpc::ServerContext* ctx, const v1::LogsRequest* req,
@@ -1937,6 +2061,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
     r.set_shard_bytes(shard_bytes);
     r.set_state_ops(proclet_host->ops());
+    r.set_tasks(tasks_running);
     // The spare arena counts too: placement must not promise it away.
     r.mutable_used()->set_memory_bytes(mem + shard_bytes +
                                        proclet_host->spare_bytes());
@@ -1990,6 +2115,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
             if (msg.has_assignment()) ApplyAssignment(msg.assignment());
             if (msg.has_delete_snapshots())
               DeleteSnapshots(msg.delete_snapshots());
+            if (msg.has_cluster()) SetCluster(msg.cluster());
           }
           done = true;
           std::lock_guard<std::mutex> l(stop_mu);
@@ -2138,6 +2264,15 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
                             st.error_message());
       return layout;
     };
+    po.run_task = [p](const TaskTarget& t, std::string_view call) {
+      return p->RunTask(t, call);
+    };
+    po.jobs = [p](const std::string& ns, const std::string& function,
+                  std::string_view req) {
+      if (!p->executor)
+        return Error(wire::StateCode::kUnavailable, "the node is starting");
+      return p->executor->Handle(ns, function, req);
+    };
     auto host = ProcletHost::Start(std::move(po));
     if (!host.ok()) return host.status();
     impl->proclet_host = *std::move(host);
@@ -2237,6 +2372,13 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     }
   }
   impl->collector = std::make_unique<LogCollector>(&impl->logs);
+  if (auto sl = SeccompLog::Start(); sl.ok())
+    impl->seccomp_log = *std::move(sl);
+  else
+    fprintf(stderr,
+            "silt-invoker: instances killed by seccomp after a restore or "
+            "fork are reported as killed: %s\n",
+            std::string(sl.status().message()).c_str());
   if (auto devices = gpu::ListDevices(); devices.ok())
     impl->gpus = static_cast<uint32_t>(devices->size());
 
@@ -2246,6 +2388,39 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
       options.gateway, grpc::InsecureChannelCredentials(), args);
   impl->control = v1::Control::NewStub(impl->gateway_channel);
   Impl* p = impl.get();
+  {
+    ExecutorOptions eo;
+    eo.node_name = impl->node_name;
+    eo.data_address = impl->proclet_host->data_address();
+    eo.run_local = [p](const TaskTarget& t, std::string_view call) {
+      return p->RunTask(t, call);
+    };
+    eo.state = [p](const std::string& ns, const std::string& function,
+                   std::string_view req) {
+      return p->proclet_host->Serve(ns, function, req);
+    };
+    eo.layout = [p](const std::string& ns,
+                    const std::string& name) -> absl::StatusOr<pv1::Layout> {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+      v1::GetLayoutRequest req;
+      req.set_namespace_(ns);
+      req.set_name(name);
+      pv1::Layout layout;
+      grpc::Status st = p->control->GetLayout(&ctx, req, &layout);
+      if (!st.ok())
+        return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                            st.error_message());
+      return layout;
+    };
+    eo.hello = [p] { return p->proclet_host->Hello(); };
+    eo.target = [p](const std::string& ns, const std::string& function) {
+      return p->TargetOf(ns, function);
+    };
+    eo.view = &impl->cluster;
+    impl->executor = std::make_unique<Executor>(std::move(eo));
+  }
   impl->connector = std::thread([p] { p->ConnectLoop(); });
   impl->reaper = std::thread([p] { p->ReapLoop(); });
   impl->tender = std::thread([p] { p->TendLoop(); });

@@ -16,6 +16,28 @@
 
 namespace silt::invoker {
 
+std::string RunTaskFrame(const TaskTarget& t, std::string_view call) {
+  std::string f;
+  wire::Writer w(&f);
+  w.U8(static_cast<uint8_t>(PeerOp::kRunTask));
+  w.Str(t.ns);
+  w.Str(t.function);
+  w.U64(t.generation);
+  w.U32(t.timeout_ms);
+  w.Str(call);
+  return f;
+}
+
+bool ReadRunTask(wire::Reader& r, TaskTarget* t, std::string_view* call) {
+  std::string_view ns, fn;
+  if (!r.Str(&ns) || !r.Str(&fn) || !r.U64(&t->generation) ||
+      !r.U32(&t->timeout_ms) || !r.Str(call))
+    return false;
+  t->ns = std::string(ns);
+  t->function = std::string(fn);
+  return true;
+}
+
 absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(
     const std::string& addr) {
   size_t colon = addr.rfind(':');

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -21,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "frames.h"
+#include "silt/state_wire.h"
 
 namespace silt::invoker {
 
@@ -36,7 +38,30 @@ enum class PeerOp : uint8_t {
   // follow the frame, unframed (the target reads them straight into its
   // arena). No reply.
   kMigrateBytes = 7,
+  // A compute proclet's share of a job, run here by an instance of the
+  // function: str namespace, str function, u64 generation (0: the current
+  // one), u32 timeout_ms, str task call (silt/state_wire.h TaskCall) -> the
+  // task's reply (a StateCode byte, then its result or error; kRetry when
+  // nothing ran here: the function is not here, or no instance is free).
+  kRunTask = 8,
 };
+
+// Which function's instance runs a task (PeerOp::kRunTask), and for how long
+// at most.
+struct TaskTarget {
+  std::string ns, function;
+  uint64_t generation = 0;  // 0: the version this node has
+  uint32_t timeout_ms = 60000;
+};
+
+// Runs a task call in an instance of target's function on this node; returns
+// the task's reply (see PeerOp::kRunTask). Blocks until it is done.
+using TaskRunner =
+    std::function<std::string(const TaskTarget& target, std::string_view call)>;
+
+// A kRunTask frame, and reading one (after its op byte); false when malformed.
+std::string RunTaskFrame(const TaskTarget& target, std::string_view call);
+bool ReadRunTask(wire::Reader& r, TaskTarget* target, std::string_view* call);
 
 // "host:port" split in two. InvalidArgument when it is not one.
 absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(

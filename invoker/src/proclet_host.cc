@@ -51,7 +51,8 @@ ProcletHost::~ProcletHost() = default;
 absl::StatusOr<std::unique_ptr<ProcletHost>> ProcletHost::Start(
     ProcletHostOptions options) {
   auto impl = std::make_unique<Impl>();
-  auto port = DataPort::Listen(options.data_listen, impl->shards, impl->key);
+  auto port = DataPort::Listen(options.data_listen, impl->shards, impl->key,
+                               std::move(options.run_task));
   if (!port.ok()) return port.status();
   impl->port = *std::move(port);
   const std::string& address = impl->port->address();
@@ -64,9 +65,17 @@ absl::StatusOr<std::unique_ptr<ProcletHost>> ProcletHost::Start(
   backend.fast = [router](const std::string& ns, std::string_view req) {
     return router->Fast(ns, req);
   };
-  backend.slow = [router](const std::string& ns, const std::string& function,
-                          std::string_view req) {
+  backend.slow = [router, jobs = std::move(options.jobs)](
+                     const std::string& ns, const std::string& function,
+                     std::string_view req) {
     try {
+      if (!req.empty() &&
+          (req[0] == static_cast<char>(wire::StateOp::kJobStart) ||
+           req[0] == static_cast<char>(wire::StateOp::kJobWait))) {
+        if (!jobs)
+          return Error(StateCode::kUnavailable, "this node runs no jobs");
+        return jobs(ns, function, req);
+      }
       return router->HandleInstance(ns, function, req);
     } catch (const std::exception& e) {  // last line of defence
       fprintf(stderr, "silt-invoker: state request of namespace %s: %s\n",
@@ -139,6 +148,14 @@ absl::StatusOr<pv1::ShardInfo> ProcletHost::Merge(uint64_t keep_id,
                                                   uint64_t absorb_id) {
   return impl_->shards.Merge(keep_id, absorb_id);
 }
+
+std::string ProcletHost::Serve(const std::string& ns,
+                               const std::string& function,
+                               std::string_view request) {
+  return impl_->router->HandleInstance(ns, function, request);
+}
+
+std::string ProcletHost::Hello() const { return impl_->key.Hello(); }
 
 void ProcletHost::ForgetLayout(const std::string& ns, const std::string& name) {
   impl_->router->ForgetLayout(ns, name);

@@ -21,11 +21,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "invoker/proto/proclets.pb.h"
+#include "peer_wire.h"
 
 namespace silt::invoker {
 
@@ -40,6 +42,13 @@ struct ProcletHostOptions {
       uint32_t initial_shards, uint64_t max_shard_bytes, bool create,
       const std::string& function)>
       resolve;
+  // Runs compute proclets that peers send here (data port kRunTask).
+  TaskRunner run_task;
+  // Serves an instance's compute-job requests (kJobStart, kJobWait); may
+  // block. Empty: they fail as unavailable.
+  std::function<std::string(const std::string& ns, const std::string& function,
+                            std::string_view request)>
+      jobs;
 };
 
 class ProcletHost {
@@ -77,6 +86,13 @@ class ProcletHost {
   // by `keep` until the directory drops it. FailedPrecondition when they are
   // not adjacent or one of them is moving.
   absl::StatusOr<pv1::ShardInfo> Merge(uint64_t keep, uint64_t absorb);
+  // Serves one state request as an instance of `function` (namespace ns)
+  // would have it served (blocks); the reply.
+  std::string Serve(const std::string& ns, const std::string& function,
+                    std::string_view request);
+  // The first frame of a connection to a peer's data port (peer_wire.h);
+  // empty until the cluster's key is known.
+  std::string Hello() const;
   // Forget cached layouts of one structure (it was deleted or changed).
   void ForgetLayout(const std::string& ns, const std::string& name);
 

@@ -53,6 +53,7 @@ absl::StatusOr<uint64_t> RoutingHint(StateOp op, std::string_view args) {
     }
     case StateOp::kVecPush:
     case StateOp::kVecSize:
+    case StateOp::kVecExtend:
       return kOpenEnd - 1;
     case StateOp::kQueuePush:
     case StateOp::kQueuePop:
@@ -419,6 +420,7 @@ std::string ShardRouter::HandleInstance(const std::string& ns,
     case StateOp::kMapContains:
     case StateOp::kVecPush:
     case StateOp::kVecSize:
+    case StateOp::kVecExtend:
     case StateOp::kVecGet:
     case StateOp::kVecSet:
     case StateOp::kQueuePush:
@@ -436,8 +438,12 @@ std::string ShardRouter::HandleInstance(const std::string& ns,
       return MultiOp(ns, name, op, args);
     case StateOp::kVecRange:
       return RangeOp(ns, name, args);
+    case StateOp::kVecSetRange:
+      return SetRangeOp(ns, name, args);
     case StateOp::kShareMap:  // the loop serves these itself
     case StateOp::kShareRing:
+    case StateOp::kJobStart:  // the executor serves these
+    case StateOp::kJobWait:
       break;
   }
   return Error(StateCode::kInvalid,
@@ -564,6 +570,39 @@ std::string ShardRouter::RangeOp(const std::string& ns, const std::string& name,
   w.U32(static_cast<uint32_t>(vals.size()));
   for (auto& v : vals) w.Str(v);
   return out;
+}
+
+std::string ShardRouter::SetRangeOp(const std::string& ns,
+                                    const std::string& name,
+                                    std::string_view args) {
+  wire::Reader r(args);
+  uint64_t first;
+  uint32_t n;
+  if (!r.U64(&first) || !r.U32(&n) || n > args.size() / 4)
+    return Error(StateCode::kInvalid, "malformed set-range request");
+  std::vector<std::string_view> vals(n);
+  for (auto& v : vals)
+    if (!r.Str(&v))
+      return Error(StateCode::kInvalid, "malformed set-range request");
+  // Each shard sets the values that fall in its range and says how many.
+  for (uint32_t done = 0; done < n;) {
+    std::string sub;
+    wire::Writer w(&sub);
+    w.U64(first + done);
+    w.U32(n - done);
+    for (uint32_t i = done; i < n; ++i) w.Str(vals[i]);
+    std::string reply = Route(ns, name, StateKind::kVector, first + done,
+                              StateOp::kVecSetRange, sub);
+    if (reply[0] != 0) return reply;
+    wire::Reader rr(std::string_view(reply).substr(1));
+    uint32_t m;
+    if (!rr.U32(&m)) return Error(StateCode::kInternal, "bad shard reply");
+    if (m == 0)
+      return Error(StateCode::kNotFound,
+                   absl::StrCat("index ", first + done, " is past the end"));
+    done += m;
+  }
+  return Reply(StateCode::kOk);
 }
 
 }  // namespace silt::invoker

@@ -99,6 +99,9 @@ class ShardRouter {
                       wire::StateOp op, std::string_view args);
   std::string RangeOp(const std::string& ns, const std::string& name,
                       std::string_view args);
+  // Sets consecutive elements: one request per shard they fall in.
+  std::string SetRangeOp(const std::string& ns, const std::string& name,
+                         std::string_view args);
 
   const Resolver resolve_;
   const std::string self_;

@@ -32,6 +32,7 @@ struct FunctionLibrary::Impl {
   silt_init_fn init = nullptr;
   silt_handle_fn handle_fn = nullptr;
   silt_after_restore_fn after_restore = nullptr;
+  silt_task_fn task = nullptr;
   ~Impl() {
     if (handle != nullptr) dlclose(handle);
   }
@@ -75,6 +76,7 @@ absl::StatusOr<std::unique_ptr<FunctionLibrary>> FunctionLibrary::Load(
   impl->init = reinterpret_cast<silt_init_fn>(dlsym(impl->handle, "silt_init"));
   impl->after_restore = reinterpret_cast<silt_after_restore_fn>(
       dlsym(impl->handle, "silt_after_restore"));
+  impl->task = reinterpret_cast<silt_task_fn>(dlsym(impl->handle, "silt_task"));
   return std::unique_ptr<FunctionLibrary>(new FunctionLibrary(std::move(impl)));
 }
 
@@ -118,6 +120,24 @@ absl::StatusOr<FunctionResult> FunctionLibrary::Handle(
                      " failed: ", error[0] ? error : "no reason given"));
   }
   return result;
+}
+
+absl::StatusOr<std::string> FunctionLibrary::Task(const CallContext& ctx,
+                                                  std::string_view call) {
+  if (impl_->task == nullptr)
+    return absl::FailedPreconditionError(
+        absl::StrCat("function ", ctx.function_name,
+                     " has no compute tasks: its bundle was built by an older "
+                     "SDK (rebuild it with silt build)"));
+  silt_context c = MakeContext(ctx);
+  std::string reply;
+  if (impl_->task(&c, call.data(), call.size(), &reply,
+                  [](void* out, const char* data, size_t len) {
+                    static_cast<std::string*>(out)->append(data, len);
+                  }) != 0 ||
+      reply.empty())
+    return absl::InternalError("the task call could not be read");
+  return reply;
 }
 
 void FunctionLibrary::AfterRestore(const CallContext& ctx) {

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -57,6 +58,12 @@ class FunctionLibrary {
   // Internal error carrying the handler's message.
   absl::StatusOr<FunctionResult> Handle(const CallContext& ctx,
                                         const FunctionCall& call);
+  // Runs one compute task (silt_task) on `call` (a silt/state_wire.h
+  // TaskCall); its reply: a StateCode byte, then the result or why it failed.
+  // FailedPrecondition when the bundle has no silt_task (built by an older
+  // SDK).
+  absl::StatusOr<std::string> Task(const CallContext& ctx,
+                                   std::string_view call);
   // Runs silt_after_restore if the bundle has one.
   void AfterRestore(const CallContext& ctx);
 

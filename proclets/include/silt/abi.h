@@ -79,6 +79,14 @@ typedef int (*silt_handle_fn)(const silt_context* ctx, const silt_request* req,
                               const silt_response_writer* out, char* error,
                               size_t error_cap);
 typedef void (*silt_after_restore_fn)(const silt_context* ctx);
+/* Optional: runs one compute proclet's share of a job (a silt/state_wire.h
+ * TaskCall in `call`) and passes its reply (a StateCode byte, then the result
+ * or the error message) to append(). Returns 0; non-zero only when the call
+ * could not be read. */
+typedef int (*silt_task_fn)(const silt_context* ctx, const char* call,
+                            size_t call_len, void* out,
+                            void (*append)(void* out, const char* data,
+                                           size_t len));
 
 #ifdef __cplusplus
 }

@@ -31,10 +31,12 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "silt/abi.h"
+#include "silt/compute.h"
 #include "silt/state.h"
 
 namespace silt {
@@ -83,6 +85,41 @@ struct Response {
   }
 };
 
+class Context;
+
+namespace internal {
+
+// Compute tasks registered with SILT_TASK, by name and by function.
+using TaskFn = void (*)();
+using TaskThunk = void (*)(TaskFn fn, const silt_context* c,
+                           const wire::TaskCall& call, std::string* reply);
+struct TaskEntry {
+  const char* name;
+  TaskFn fn;
+  wire::JobKind kind;
+  TaskThunk thunk;
+};
+inline std::vector<TaskEntry>& Tasks() {
+  static std::vector<TaskEntry> tasks;
+  return tasks;
+}
+inline const TaskEntry* FindTask(TaskFn fn) {
+  for (const auto& t : Tasks())
+    if (t.fn == fn) return &t;
+  return nullptr;
+}
+inline const TaskEntry* FindTask(std::string_view name) {
+  for (const auto& t : Tasks())
+    if (name == t.name) return &t;
+  return nullptr;
+}
+inline std::string NotRegistered() {
+  return "the function is not a registered task: add SILT_TASK(fn) next to "
+         "its definition";
+}
+
+}  // namespace internal
+
 class Context {
  public:
   explicit Context(const silt_context* c) : c_(c) {}
@@ -122,12 +159,65 @@ class Context {
     return silt::Queue<T>(c_->state, std::move(name), options);
   }
 
+  // Compute. Each runs fn as compute proclets: the function's invoker splits
+  // the work into shares and runs them in instances of this same function
+  // (sandboxed like any instance) on nodes with free CPU, this one or others,
+  // moving the rest of the work off a node that slows down. fn must be
+  // registered with SILT_TASK(fn) and reach data only through its arguments
+  // and state (it runs in another process, maybe on another node). Errors
+  // are values: Future::Get() says why a job failed.
+
+  // fn(ctx, index, element) for each element of `in` (TaskOptions::first /
+  // count choose a range).
+  template <typename TArg>
+  Future<Done> ParallelFor(silt::Vector<std::decay_t<TArg>>& in,
+                           void (*fn)(Context&, uint64_t, TArg),
+                           TaskOptions options = {}) const {
+    return Start<Done>(wire::JobKind::kParallelFor,
+                       reinterpret_cast<internal::TaskFn>(fn), in.name(), {},
+                       {}, options);
+  }
+  // out[i] = fn(in[i]) for each element (out grows to in's size; its other
+  // elements are left as they are).
+  template <typename U, typename TArg>
+  Future<Done> Map(silt::Vector<std::decay_t<TArg>>& in, U (*fn)(TArg),
+                   silt::Vector<U>& out, TaskOptions options = {}) const {
+    if (out.name() == in.name())
+      return Future<Done>(StateCode::kInvalid,
+                          "Map writes its output into another vector than "
+                          "its input");
+    return Start<Done>(wire::JobKind::kMap,
+                       reinterpret_cast<internal::TaskFn>(fn), in.name(),
+                       out.name(), {}, options);
+  }
+  // fn(ctx, arg) once, on a node with free CPU; its result.
+  template <typename R, typename AArg>
+  auto Spawn(R (*fn)(Context&, AArg), const std::decay_t<AArg>& arg,
+             TaskOptions options = {}) const {
+    using Out = std::conditional_t<std::is_void_v<R>, Done, R>;
+    std::string encoded;
+    Codec<std::decay_t<AArg>>::Encode(arg, &encoded);
+    return Start<Out>(wire::JobKind::kSpawn,
+                      reinterpret_cast<internal::TaskFn>(fn), {}, {}, encoded,
+                      options);
+  }
+
   // One line to the instance's stdout / stderr (what `silt logs` shows).
   void Log(std::string_view line) const { WriteLine(stdout, line); }
   void Error(std::string_view line) const { WriteLine(stderr, line); }
 
  private:
   static std::string_view View(silt_str s) { return {s.data, s.len}; }
+  template <typename T>
+  Future<T> Start(wire::JobKind kind, internal::TaskFn fn,
+                  std::string_view input, std::string_view output,
+                  std::string_view argument, const TaskOptions& o) const {
+    const internal::TaskEntry* t = internal::FindTask(fn);
+    if (t == nullptr)
+      return Future<T>(StateCode::kInvalid, internal::NotRegistered());
+    return internal::StartJob<T>(c_->state, kind, t->name, input, output,
+                                 argument, o);
+  }
   static void WriteLine(FILE* f, std::string_view line) {
     fwrite(line.data(), 1, line.size(), f);
     fputc('\n', f);
@@ -191,8 +281,169 @@ inline int RunInit(void (*fn)(Context&), const silt_context* c, char* error,
   return 1;
 }
 
+inline void TaskReply(std::string* reply, StateCode code,
+                      std::string_view payload) {
+  reply->assign(1, static_cast<char>(code));
+  reply->append(payload.data(), payload.size());
+}
+
+inline void TaskFailed(std::string* reply, StateCode code,
+                       std::string_view what, std::string_view why) {
+  std::string m(what);
+  m += ": ";
+  m += why;
+  TaskReply(reply, code, m);
+}
+
+// A processed count as a task's result.
+inline void TaskDone(std::string* reply, uint64_t processed) {
+  std::string r;
+  wire::Writer(&r).U64(processed);
+  std::string out;
+  wire::Writer(&out).Str(r);
+  TaskReply(reply, StateCode::kOk, out);
+}
+
+template <typename TArg>
+void ParallelForThunk(TaskFn f, const silt_context* c,
+                      const wire::TaskCall& call, std::string* reply) {
+  using T = std::decay_t<TArg>;
+  auto fn = reinterpret_cast<void (*)(Context&, uint64_t, TArg)>(f);
+  Context ctx(c);
+  silt::Vector<T> in(c->state, std::string(call.input));
+  auto scan = in.Scan(call.first, call.count);
+  uint64_t at = call.first;
+  while (true) {
+    auto block = scan.Next();
+    if (!block.ok())
+      return TaskFailed(reply, block.code(), "reading the input",
+                        block.message());
+    if (block->empty()) break;
+    for (const T& v : *block) fn(ctx, at++, v);
+  }
+  TaskDone(reply, at - call.first);
+}
+
+template <typename U, typename TArg>
+void MapThunk(TaskFn f, const silt_context* c, const wire::TaskCall& call,
+              std::string* reply) {
+  using T = std::decay_t<TArg>;
+  auto fn = reinterpret_cast<U (*)(TArg)>(f);
+  silt::Vector<T> in(c->state, std::string(call.input));
+  silt::Vector<U> out(c->state, std::string(call.output));
+  auto scan = in.Scan(call.first, call.count);
+  uint64_t at = call.first;
+  // One block is written while the next is computed.
+  std::future<Status> writing;
+  while (true) {
+    auto block = scan.Next();
+    if (!block.ok())
+      return TaskFailed(reply, block.code(), "reading the input",
+                        block.message());
+    if (block->empty()) break;
+    std::vector<U> results;
+    results.reserve(block->size());
+    for (const T& v : *block) results.push_back(fn(v));
+    if (writing.valid()) {
+      Status st = writing.get();
+      if (!st.ok())
+        return TaskFailed(reply, st.code(), "writing the output", st.message());
+    }
+    writing = std::async(
+        std::launch::async,
+        [&out, at, r = std::move(results)] { return out.SetRange(at, r); });
+    at += block->size();
+  }
+  if (writing.valid()) {
+    Status st = writing.get();
+    if (!st.ok())
+      return TaskFailed(reply, st.code(), "writing the output", st.message());
+  }
+  TaskDone(reply, at - call.first);
+}
+
+template <typename R, typename AArg>
+void SpawnThunk(TaskFn f, const silt_context* c, const wire::TaskCall& call,
+                std::string* reply) {
+  using A = std::decay_t<AArg>;
+  auto fn = reinterpret_cast<R (*)(Context&, AArg)>(f);
+  Context ctx(c);
+  A arg{};
+  if (!Codec<A>::Decode(call.argument, &arg))
+    return TaskReply(reply, StateCode::kInvalid,
+                     "the argument does not decode as the task's type");
+  std::string result;
+  if constexpr (std::is_void_v<R>) {
+    fn(ctx, std::move(arg));
+  } else {
+    Codec<R>::Encode(fn(ctx, std::move(arg)), &result);
+  }
+  std::string out;
+  wire::Writer(&out).Str(result);
+  TaskReply(reply, StateCode::kOk, out);
+}
+
+// SILT_TASK's registration: the overload follows fn's signature.
+struct TaskRegistrar {
+  template <typename TArg>
+  TaskRegistrar(const char* name, void (*fn)(Context&, uint64_t, TArg)) {
+    Add(name, reinterpret_cast<TaskFn>(fn), wire::JobKind::kParallelFor,
+        &ParallelForThunk<TArg>);
+  }
+  template <typename U, typename TArg>
+  TaskRegistrar(const char* name, U (*fn)(TArg)) {
+    static_assert(!std::is_void_v<U>, "a Map function returns the new value");
+    Add(name, reinterpret_cast<TaskFn>(fn), wire::JobKind::kMap,
+        &MapThunk<U, TArg>);
+  }
+  template <typename R, typename AArg>
+  TaskRegistrar(const char* name, R (*fn)(Context&, AArg)) {
+    Add(name, reinterpret_cast<TaskFn>(fn), wire::JobKind::kSpawn,
+        &SpawnThunk<R, AArg>);
+  }
+  static void Add(const char* name, TaskFn fn, wire::JobKind kind,
+                  TaskThunk thunk) {
+    Tasks().push_back({name, fn, kind, thunk});
+  }
+};
+
+inline int RunTask(const silt_context* c, const char* data, size_t len,
+                   void* out, void (*append)(void*, const char*, size_t)) {
+  std::string reply;
+  wire::TaskCall call;
+  if (!wire::ReadTaskCall(std::string_view(data, len), &call)) {
+    TaskReply(&reply, StateCode::kInvalid, "malformed task call");
+  } else if (const TaskEntry* t = FindTask(call.task); t == nullptr) {
+    TaskReply(&reply, StateCode::kInvalid,
+              "no task named " + std::string(call.task) +
+                  " in this function (is the bundle the caller's version?)");
+  } else if (t->kind != call.kind) {
+    TaskReply(&reply, StateCode::kInvalid,
+              "task " + std::string(call.task) +
+                  " was registered for another kind of job");
+  } else {
+    try {
+      t->thunk(t->fn, c, call, &reply);
+    } catch (const std::exception& e) {
+      TaskFailed(&reply, StateCode::kInternal,
+                 "task " + std::string(call.task) + " threw", e.what());
+    } catch (...) {
+      TaskReply(
+          &reply, StateCode::kInternal,
+          "task " + std::string(call.task) + " threw a non-standard exception");
+    }
+  }
+  append(out, reply.data(), reply.size());
+  return 0;
+}
+
 }  // namespace internal
 }  // namespace silt
+
+// Registers fn as a compute task (ParallelFor, Map or Spawn: see Context), by
+// its name. Once per task, at namespace scope in the bundle.
+#define SILT_TASK(fn) \
+  static const ::silt::internal::TaskRegistrar silt_task_##fn { #fn, &fn }
 
 #define SILT_HANDLER(fn)                                                       \
   extern "C" __attribute__((visibility("default"))) uint32_t silt_abi_version( \
@@ -203,6 +454,11 @@ inline int RunInit(void (*fn)(Context&), const silt_context* c, char* error,
       const silt_context* c, const silt_request* r,                            \
       const silt_response_writer* out, char* error, size_t cap) {              \
     return ::silt::internal::RunHandler(fn, c, r, out, error, cap);            \
+  }                                                                            \
+  extern "C" __attribute__((visibility("default"))) int silt_task(             \
+      const silt_context* c, const char* call, size_t len, void* out,          \
+      void (*append)(void*, const char*, size_t)) {                            \
+    return ::silt::internal::RunTask(c, call, len, out, append);               \
   }
 
 #define SILT_INIT(fn)                                              \

@@ -18,8 +18,10 @@
 #ifndef SILT_STATE_H_
 #define SILT_STATE_H_
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -199,6 +201,41 @@ std::string Encoded(const T& v) {
   return s;
 }
 
+// A kVecRange reply's values.
+template <typename T>
+Result<std::vector<T>> DecodeRange(const std::string& body) {
+  using Out = std::vector<T>;
+  wire::Reader r(body);
+  uint32_t count;
+  if (!r.U32(&count)) return Fail<Out>(StateCode::kInternal, "bad reply");
+  Out out;
+  out.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    std::string_view v;
+    T value{};
+    if (!r.Str(&v)) return Fail<Out>(StateCode::kInternal, "bad reply");
+    if (!Codec<T>::Decode(v, &value))
+      return Fail<Out>(StateCode::kInvalid,
+                       "stored value does not decode as this type (or was "
+                       "never set)");
+    out.push_back(std::move(value));
+  }
+  return Result<Out>(std::move(out));
+}
+
+template <typename T>
+Result<std::vector<T>> FetchRange(StructureHandle& h, uint64_t first,
+                                  uint64_t n, size_t* bytes = nullptr) {
+  std::string req = h.Begin(wire::StateOp::kVecRange), body, msg;
+  wire::Writer w(&req);
+  w.U64(first);
+  w.U64(n);
+  StateCode c = h.Run(req, &body, &msg);
+  if (c != StateCode::kOk) return Fail<std::vector<T>>(c, msg);
+  if (bytes != nullptr) *bytes = body.size();
+  return DecodeRange<T>(body);
+}
+
 }  // namespace internal
 
 // A sharded hash map K -> V.
@@ -326,31 +363,93 @@ class Vector {
   }
   // Up to n elements from `first` (fewer at the end).
   Result<std::vector<T>> Range(uint64_t first, uint64_t n) {
-    using Out = std::vector<T>;
-    std::string req = h_.Begin(wire::StateOp::kVecRange), body, msg;
+    return internal::FetchRange<T>(h_, first, n);
+  }
+  // Sets values[i] at first + i, in one round trip per shard they fall in.
+  // kNotFound when the range passes the end (see Extend).
+  Status SetRange(uint64_t first, const std::vector<T>& values) {
+    std::string req = h_.Begin(wire::StateOp::kVecSetRange), body, msg;
     wire::Writer w(&req);
     w.U64(first);
-    w.U64(n);
+    w.U32(static_cast<uint32_t>(values.size()));
+    for (const T& v : values) w.Str(internal::Encoded(v));
     StateCode c = h_.Run(req, &body, &msg);
-    if (c != StateCode::kOk) return internal::Fail<Out>(c, msg);
-    wire::Reader r(body);
-    uint32_t count;
-    if (!r.U32(&count))
-      return internal::Fail<Out>(StateCode::kInternal, "bad reply");
-    Out out;
-    out.reserve(count);
-    for (uint32_t i = 0; i < count; ++i) {
-      std::string_view v;
-      T value{};
-      if (!r.Str(&v))
-        return internal::Fail<Out>(StateCode::kInternal, "bad reply");
-      if (!Codec<T>::Decode(v, &value))
-        return internal::Fail<Out>(StateCode::kInvalid,
-                                   "stored value does not decode as this type");
-      out.push_back(std::move(value));
-    }
-    return Result<Out>(std::move(out));
+    return c == StateCode::kOk ? Status(Done{}) : Status(c, msg);
   }
+  // Grows the vector to at least n elements (the new ones empty: set them
+  // before reading them); returns the size.
+  Result<uint64_t> Extend(uint64_t n) {
+    std::string req = h_.Begin(wire::StateOp::kVecExtend), body, msg;
+    wire::Writer(&req).U64(n);
+    StateCode c = h_.Run(req, &body, &msg);
+    if (c != StateCode::kOk) return internal::Fail<uint64_t>(c, msg);
+    return internal::DecodeU64(body);
+  }
+
+  // Reads elements [first, first + count) block by block (to the end with
+  // count wire::kAll). While the caller works on one block the next one is
+  // already being fetched, so a scan of a shard on another node costs about
+  // what a local one does once a block's work outlasts a round trip.
+  class Scanner {
+   public:
+    // The next block: empty at the end.
+    Result<std::vector<T>> Next() {
+      if (!ahead_.valid()) Prefetch();
+      if (!ahead_.valid()) return Result<std::vector<T>>(std::vector<T>{});
+      Fetched f = ahead_.get();
+      if (f.values.ok()) {
+        const size_t n = f.values->size();
+        if (n == 0) {
+          at_ = end_;
+        } else {
+          at_ += n;
+          // Blocks of about kBlockBytes once the element size is known.
+          per_element_ = std::max<size_t>(1, f.bytes / n);
+          Prefetch();
+        }
+      }
+      return std::move(f.values);
+    }
+    uint64_t position() const { return at_; }
+    Scanner(const Scanner&) = delete;  // its fetch in flight points at it
+    Scanner& operator=(const Scanner&) = delete;
+
+   private:
+    friend class Vector;
+    static constexpr size_t kBlockBytes = 256 << 10;
+    struct Fetched {
+      Result<std::vector<T>> values{std::vector<T>{}};
+      size_t bytes = 0;
+    };
+    Scanner(internal::StructureHandle h, uint64_t first, uint64_t count)
+        : h_(std::move(h)),
+          at_(first),
+          next_(first),
+          end_(count == wire::kAll || first + count < first ? wire::kAll
+                                                            : first + count) {}
+    void Prefetch() {
+      if (next_ >= end_) return;
+      uint64_t n = std::clamp<uint64_t>(kBlockBytes / per_element_, 64,
+                                        uint64_t{1} << 16);
+      n = std::min(n, end_ - next_);
+      uint64_t first = next_;
+      next_ += n;
+      ahead_ = std::async(std::launch::async, [this, first, n] {
+        Fetched f;
+        f.values = internal::FetchRange<T>(h_, first, n, &f.bytes);
+        return f;
+      });
+    }
+    internal::StructureHandle h_;  // used by one fetch at a time
+    uint64_t at_, next_, end_;
+    size_t per_element_ = 64;
+    std::future<Fetched> ahead_;
+  };
+  Scanner Scan(uint64_t first = 0, uint64_t count = wire::kAll) const {
+    return Scanner(h_, first, count);
+  }
+
+  const std::string& name() const { return h_.name(); }
 
  private:
   internal::StructureHandle h_;

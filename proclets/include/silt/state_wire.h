@@ -40,10 +40,39 @@ enum class StateOp : uint8_t {
   kVecSet = 22,       // u64 index, str
   kVecSize = 23,      // -> u64
   kVecRange = 24,     // u64 first, u64 n -> u32 n, n x str
-  kQueuePush = 30,    // str
-  kQueuePop = 31,     // u32 timeout_ms -> str | kTimeout
-  kQueueSize = 32,    // -> u64
+  // u64 first, u32 n, n x str -> u32 set (a shard: how many of them fall in
+  // its range; the instance's invoker: all n, or an error)
+  kVecSetRange = 25,
+  kVecExtend = 26,  // u64 n: grows to at least n elements (empty) -> u64 size
+  kQueuePush = 30,  // str
+  kQueuePop = 31,   // u32 timeout_ms -> str | kTimeout
+  kQueueSize = 32,  // -> u64
+  // Compute jobs (silt/function.h: ParallelFor, Map, Spawn), served by the
+  // instance's invoker, which splits them into compute proclets run by
+  // instances of the same function on nodes with free CPU. The header names
+  // the input structure (a vector; empty for a spawn).
+  // u8 JobKind, str task, str output, u64 first, u64 count (kAll: to the
+  // end), str argument, u8 flags (JobFlags) -> u64 job id
+  kJobStart = 40,
+  // u64 job id, u32 timeout_ms (0: no wait) -> str result | kRetry while
+  // it runs | the job's error (its id is then forgotten)
+  kJobWait = 41,
 };
+
+enum class JobKind : uint8_t {
+  kParallelFor = 1,  // fn(ctx, index, element) for each element
+  kMap = 2,          // output[i] = fn(input[i])
+  kSpawn = 3,        // result = fn(ctx, argument), once
+};
+
+enum JobFlags : uint8_t {
+  // Elements may run again if a node is lost mid-chunk (a Map always may:
+  // its output is written by the runtime).
+  kJobIdempotent = 1,
+};
+
+// A job's count meaning "to the end of the input".
+inline constexpr uint64_t kAll = ~uint64_t{0};
 
 enum class StateKind : uint8_t { kMap = 1, kVector = 2, kQueue = 3 };
 
@@ -57,8 +86,10 @@ enum class StateCode : uint8_t {
   kTimeout = 6,      // queue pop timed out
   kLost = 7,         // the node holding the shard died without draining it
   kInternal = 8,
-  kMoved = 9,   // peers only: the shard moved (str address, u64 epoch)
-  kRetry = 10,  // peers only: the shard is frozen for a moment
+  kMoved = 9,  // peers only: the shard moved (str address, u64 epoch)
+  // peers: the shard is frozen for a moment, or a task did not run there;
+  // kJobWait: the job still runs
+  kRetry = 10,
 };
 
 inline const char* StateCodeName(StateCode c) {
@@ -163,6 +194,38 @@ inline bool ReadRequestHeader(Reader* r, StateOp* op, StateKind* kind,
   *op = static_cast<StateOp>(o);
   *kind = static_cast<StateKind>(k);
   return true;
+}
+
+// One compute proclet's share of a job, as the invoker hands it to an
+// instance (silt_task): elements [first, first + count) of `input` for a
+// ParallelFor or Map, or the argument of a Spawn. Views into the buffer read.
+struct TaskCall {
+  JobKind kind = JobKind::kSpawn;
+  std::string_view task, input, output, argument;
+  uint64_t first = 0, count = 0;
+};
+
+inline void WriteTaskCall(std::string* out, const TaskCall& t) {
+  Writer w(out);
+  w.U8(static_cast<uint8_t>(t.kind));
+  w.Str(t.task);
+  w.Str(t.input);
+  w.Str(t.output);
+  w.U64(t.first);
+  w.U64(t.count);
+  w.Str(t.argument);
+}
+
+inline bool ReadTaskCall(std::string_view in, TaskCall* t) {
+  Reader r(in);
+  uint8_t kind;
+  if (!r.U8(&kind) || !r.Str(&t->task) || !r.Str(&t->input) ||
+      !r.Str(&t->output) || !r.U64(&t->first) || !r.U64(&t->count) ||
+      !r.Str(&t->argument))
+    return false;
+  t->kind = static_cast<JobKind>(kind);
+  return t->kind == JobKind::kParallelFor || t->kind == JobKind::kMap ||
+         t->kind == JobKind::kSpawn;
 }
 
 // Structure names: 1-63 characters of [a-z0-9._-], starting with a letter or

@@ -228,8 +228,46 @@ silt::Response StateCall(std::string_view path, const silt::Request& req,
   return silt::Response::Text(404, "unknown state route");
 }
 
+// Compute tasks for the tests: one that breaks the sandbox's seccomp policy
+// on its first element, and one that counts the elements it saw in a map.
+void Forbidden(silt::Context&, uint64_t, const int64_t&) {
+  syscall(SYS_unshare, CLONE_NEWUSER);  // not on the seccomp allow list
+}
+SILT_TASK(Forbidden);
+void CountSeen(silt::Context& ctx, uint64_t index, const int64_t& v) {
+  auto seen = ctx.Map<std::string, int64_t>("seen");
+  seen.Put("i" + std::to_string(index), v).ok();
+}
+SILT_TASK(CountSeen);
+int64_t Twice(const int64_t& v) { return 2 * v; }
+SILT_TASK(Twice);
+int64_t Twice2(const int64_t& v) { return 2 * v; }  // not registered
+
+// /compute/{forbidden,count,twice,unregistered}?name=V[&out=W]: a job over
+// vector V; answers "ok" or the job's error as StateError does.
+silt::Response ComputeCall(std::string_view op, const silt::Request& req,
+                           silt::Context& ctx) {
+  auto in = ctx.Vector<int64_t>(Param(req.query, "name"));
+  auto out = ctx.Vector<int64_t>(Param(req.query, "out"));
+  silt::Status st = silt::Status(silt::Done{});
+  if (op == "forbidden")
+    st = ctx.ParallelFor(in, Forbidden).Get();
+  else if (op == "count")
+    st = ctx.ParallelFor(in, CountSeen).Get();
+  else if (op == "twice")
+    st = ctx.Map(in, Twice, out).Get();
+  else if (op == "unregistered")
+    st = ctx.Map(in, Twice2, out).Get();
+  else
+    return silt::Response::Text(404, "unknown compute route");
+  return st.ok() ? silt::Response::Text(200, "ok")
+                 : StateError(st.code(), st.message());
+}
+
 silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
   std::string_view path = req.path;
+  if (path.substr(0, 9) == "/compute/")
+    return ComputeCall(path.substr(9), req, ctx);
   if (path.substr(0, 4) == "/kv/" || path.substr(0, 5) == "/vec/" ||
       path.substr(0, 3) == "/q/")
     return StateCall(path, req, ctx);

@@ -1,0 +1,186 @@
+// Compute proclets: jobs (ParallelFor, Map, Spawn) split into shares that run
+// in sandboxed instances of the function on the nodes, over data that may
+// live on another node; on a two-node cluster whose nodes run in their own
+// network namespaces (tests/common/cluster.h), driven over HTTP as a user
+// would.
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/cluster.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace silt::testing {
+namespace {
+
+using nlohmann::json;
+
+class ComputeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (geteuid() != 0) return;
+    auto r = BuildProbe("silt-compute-suite", &suite_dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+  static void TearDownTestSuite() {
+    if (!suite_dir_.empty()) std::filesystem::remove_all(suite_dir_);
+  }
+
+  // node-a offers far more memory than node-b: state lands on node-a.
+  void StartCluster() {
+    if (geteuid() != 0)
+      GTEST_SKIP() << "nodes run in network namespaces, instances in "
+                      "cgroups: run as root";
+    dir_ = MakeTempDir("silt-compute");
+    auto c = Cluster::Start(dir_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = *std::move(c);
+    ASSERT_TRUE(
+        cluster_->AddNode({.name = "node-a", .memory_mib = 1 << 20}).ok());
+    ASSERT_TRUE(cluster_->AddNode({.name = "node-b", .memory_mib = 4096}).ok());
+    ASSERT_TRUE(cluster_->WaitNodes(2).ok());
+  }
+  void Deploy(const std::string& name, const std::string& image,
+              const std::string& node = "") {
+    json d = {{"service", name},
+              {"image", image},
+              {"envVars", {{"exec_timeout", "60s"}}}};
+    if (!node.empty()) d["constraints"] = {"node.name==" + node};
+    auto r = cluster_->gateway().Call("POST", "/system/functions", d.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  void DeployProbe(const std::string& node = "") {
+    auto r = cluster_->Silt({"push", "-f", suite_dir_ + "/stack.yml"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    Deploy("probe", "probe@" + r.out.substr(r.out.find("sha256:"), 71), node);
+  }
+  void DeployPipeline(const std::string& node = "") {
+    auto image =
+        cluster_->BuildAndPush("pipeline", std::string(SILT_SOURCE_DIR) +
+                                               "/examples/pipeline/pipeline");
+    ASSERT_TRUE(image.ok()) << image.status();
+    Deploy("pipeline", *image, node);
+  }
+  void TearDown() override {
+    cluster_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  deploy::HttpResult Invoke(const std::string& function,
+                            const std::string& path) {
+    return cluster_->gateway().Call("POST", "/function/" + function + path, "",
+                                    /*with_auth=*/false);
+  }
+  json Proclets(const std::string& structure) {
+    auto all =
+        json::parse(cluster_->gateway().Call("GET", "/system/proclets").body,
+                    nullptr, false);
+    json out = json::array();
+    for (const auto& p : all)
+      if (p.value("structure", "") == structure) out.push_back(p);
+    return out;
+  }
+
+  static std::string suite_dir_;
+  std::string dir_;
+  std::unique_ptr<Cluster> cluster_;
+};
+
+std::string ComputeTest::suite_dir_;
+
+// The pipeline runs on node-b only; its records live on node-a: every
+// share reads them over the network, and the digests it writes go back
+// there. The job's answer must be the one this instance computes alone.
+TEST_F(ComputeTest, MapOverDataOnAnotherNodeMatchesTheLocalResult) {
+  StartCluster();
+  if (IsSkipped()) return;
+  DeployPipeline("node-b");
+  auto r = Invoke("pipeline", "?op=produce&input=records&n=3000&rounds=20");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json shards = Proclets("records");
+  ASSERT_FALSE(shards.empty());
+  for (const auto& s : shards) ASSERT_EQ(s["node"], "node-a") << shards.dump();
+
+  r = Invoke("pipeline", "?op=transform&input=records&output=digests");
+  ASSERT_EQ(r.status, 200) << r.body;
+  r = Invoke("pipeline",
+             "?op=transform-local&input=records&output=digests-local");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto sum_of = [&](const std::string& op, const std::string& vec) {
+    auto res = Invoke("pipeline", "?op=" + op + "&input=" + vec);
+    EXPECT_EQ(res.status, 200) << res.body;
+    return json::parse(res.body, nullptr, false).value("sum", "");
+  };
+  std::string local = sum_of("reduce-local", "digests-local");
+  ASSERT_FALSE(local.empty());
+  EXPECT_EQ(sum_of("reduce-local", "digests"), local);  // Map's output
+  EXPECT_EQ(sum_of("reduce", "digests"), local);        // through Spawn
+  EXPECT_EQ(sum_of("reduce", "digests-local"), local);
+}
+
+// Shares run on both nodes (the function may run anywhere) and every
+// element is seen exactly once.
+TEST_F(ComputeTest, ParallelForSeesEveryElementOnce) {
+  StartCluster();
+  if (IsSkipped()) return;
+  DeployProbe();
+  for (int i = 0; i < 300; ++i)
+    ASSERT_EQ(Invoke("probe", absl::StrCat("/vec/push?name=nums&v=", i)).status,
+              200);
+  auto r = Invoke("probe", "/compute/count?name=nums");
+  ASSERT_EQ(r.status, 200) << r.body;
+  r = Invoke("probe", "/kv/size?name=seen");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "300");
+  r = Invoke("probe", "/compute/twice?name=nums&out=doubled");
+  ASSERT_EQ(r.status, 200) << r.body;
+  for (int i : {0, 1, 150, 299}) {
+    r = Invoke("probe", absl::StrCat("/vec/get?name=doubled&i=", i));
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.body, std::to_string(2 * i));
+  }
+}
+
+// User code in a compute proclet is sandboxed like any instance: a syscall
+// the seccomp policy forbids kills that instance and fails the job, saying
+// why; the function keeps answering.
+TEST_F(ComputeTest, ForbiddenSyscallInATaskFailsTheJobClearly) {
+  StartCluster();
+  if (IsSkipped()) return;
+  DeployProbe();
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(Invoke("probe", absl::StrCat("/vec/push?name=few&v=", i)).status,
+              200);
+  auto r = Invoke("probe", "/compute/forbidden?name=few");
+  EXPECT_NE(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find("seccomp"), std::string::npos) << r.body;
+  EXPECT_EQ(Invoke("probe", "/state").status, 200);
+}
+
+TEST_F(ComputeTest, BadInputGetsClearErrors) {
+  StartCluster();
+  if (IsSkipped()) return;
+  DeployProbe();
+  auto r = Invoke("probe", "/compute/count?name=nothing-here");
+  EXPECT_EQ(r.status, 404) << r.body;
+  EXPECT_NE(r.body.find("no vector named \"nothing-here\""), std::string::npos)
+      << r.body;
+  ASSERT_EQ(Invoke("probe", "/kv/put?name=amap&k=a&v=1").status, 200);
+  r = Invoke("probe", "/compute/count?name=amap");
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_NE(r.body.find("is a map, not a vector"), std::string::npos) << r.body;
+  ASSERT_EQ(Invoke("probe", "/vec/push?name=one&v=1").status, 200);
+  r = Invoke("probe", "/compute/unregistered?name=one&out=two");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("SILT_TASK"), std::string::npos) << r.body;
+  r = Invoke("probe", "/compute/twice?name=one&out=amap");  // a map as output
+  EXPECT_EQ(r.status, 409) << r.body;
+}
+
+}  // namespace
+}  // namespace silt::testing
