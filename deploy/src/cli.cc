@@ -332,17 +332,20 @@ void NodesList(const Client& c, const std::string& output) {
     std::cout << nodes.dump(2) << std::endl;
     return;
   }
-  std::cout << absl::StrFormat("%-16s\t%-5s\t%-12s\t%-12s\t%-12s\t%-9s\t%s\n",
-                               "Node", "CPUs", "Memory", "Used", "Free",
-                               "Instances", "Proclets");
+  std::cout << absl::StrFormat(
+      "%-16s\t%-5s\t%-8s\t%-12s\t%-12s\t%-12s\t%-9s\t%-18s\t%s\n", "Node",
+      "CPUs", "CPU used", "Memory", "Used", "Free", "Instances",
+      "Memory proclets", "Compute proclets");
   for (const auto& n : nodes) {
     std::cout << absl::StrFormat(
-        "%-16s\t%-5d\t%-12s\t%-12s\t%-12s\t%-9d\t%d (%s)\n",
-        n.value("name", ""), n.value("cores", 0),
+        "%-16s\t%-5d\t%-8.2f\t%-12s\t%-12s\t%-12s\t%-9d\t%-18s\t%d\n",
+        n.value("name", ""), n.value("cores", 0), n.value("cpuUsed", 0.0),
         Mib(n.value("memoryBytes", uint64_t{0})),
         Mib(n.value("memoryUsedBytes", uint64_t{0})),
         Mib(n.value("memoryFreeBytes", uint64_t{0})), n.value("instances", 0),
-        n.value("proclets", 0), Mib(n.value("procletBytes", uint64_t{0})));
+        absl::StrFormat("%d (%s)", n.value("proclets", 0),
+                        Mib(n.value("procletBytes", uint64_t{0}))),
+        n.value("computeProclets", 0));
   }
 }
 

@@ -1,6 +1,7 @@
 #include "api.h"
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <random>
 #include <regex>
@@ -1050,6 +1051,7 @@ absl::StatusOr<HttpResponse> Api::ListNodes() {
          {"address", n.address},
          {"dataAddress", n.data_address},
          {"cores", n.cores},
+         {"cpuUsed", std::round(n.cpu_used * 100) / 100},
          {"gpus", n.gpus},
          {"memoryBytes", n.memory_bytes},
          {"memoryUsedBytes", n.memory_used_bytes},
@@ -1058,7 +1060,8 @@ absl::StatusOr<HttpResponse> Api::ListNodes() {
                                  : 0},
          {"instances", n.instances},
          {"proclets", n.shards},
-         {"procletBytes", n.shard_bytes}});
+         {"procletBytes", n.shard_bytes},
+         {"computeProclets", n.tasks}});
   }
   return HttpResponse::Json(200, out.dump());
 }

@@ -111,6 +111,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     uint64_t state_ops = 0;  // cumulative, as last reported
     bool leaving = false;    // asked to be drained (Drain): place nothing here
     uint32_t tasks = 0;      // compute proclets running there
+    double cpu_used = 0;     // cores busy, as last reported
     grpc::ServerContext* ctx = nullptr;
     grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream =
         nullptr;
@@ -282,6 +283,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
         v->set_cores(node->cores);
         v->set_draining(node->leaving);
         v->set_tasks(node->tasks);
+        v->set_cpu_used(node->cpu_used);
         to.push_back(node);
       }
     }
@@ -348,7 +350,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
         held.push_back({sh.id(), sh.bytes(), sh.count(), sh.epoch(), sh.lo(),
                         sh.hi(), sh.namespace_(), sh.structure()});
       directory->Report(node->name, node->data_address, held);
-      std::lock_guard<std::mutex> l(mu);
+      std::unique_lock<std::mutex> l(mu);
       if (metrics) {
         // Cumulative on the node; a smaller count is a restarted count.
         uint64_t ops = m.report().state_ops();
@@ -364,9 +366,12 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       for (const auto& c : m.report().instances())
         node->counts[Key(c.namespace_(), c.name())] = c;
       node->tasks = m.report().tasks();
+      node->cpu_used = m.report().cpu_used();
       std::map<std::string, v1::SnapshotInfo> snaps;
       for (const auto& sn : m.report().snapshots()) snaps[sn.id()] = sn;
       RecordSnapshotsLocked(*node, std::move(snaps));
+      l.unlock();
+      SendClusterView();  // its CPU use changed what the others may send it
     }
     bool gone = false;
     {
@@ -885,7 +890,8 @@ std::vector<NodeInfo> NodeRegistry::Nodes() {
     for (auto& [k, c] : node->counts) instances += c.ready();
     out.push_back({node->name, node->address, node->cores, node->gpus,
                    node->memory, node->memory_used, instances,
-                   node->data_address, node->shards, node->shard_bytes});
+                   node->data_address, node->shards, node->shard_bytes,
+                   node->cpu_used, node->tasks});
   }
   return out;
 }

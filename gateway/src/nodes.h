@@ -60,6 +60,8 @@ struct NodeInfo {
   std::string data_address;  // state and migration traffic
   uint32_t shards = 0;       // memory proclets held
   uint64_t shard_bytes = 0;
+  double cpu_used = 0;  // cores its instances kept busy (last report)
+  uint32_t tasks = 0;   // compute proclets running there
 };
 
 // One snapshot image and the nodes that hold it (the catalog).

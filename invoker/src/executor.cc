@@ -90,6 +90,8 @@ struct Executor::Job {
   std::map<std::string, int> want ABSL_GUARDED_BY(mu);     // slots per node
   std::map<std::string, int> running ABSL_GUARDED_BY(mu);  // share threads
   std::map<std::string, Pace> pace ABSL_GUARDED_BY(mu);
+  // Where the work ran: elements and shares done, by node address.
+  std::map<std::string, std::pair<uint64_t, uint32_t>> ran ABSL_GUARDED_BY(mu);
   std::set<std::string> excluded ABSL_GUARDED_BY(mu);
   std::map<std::string, std::string> names ABSL_GUARDED_BY(mu);  // by address
   bool changed ABSL_GUARDED_BY(mu) = false;  // wakes the job's thread
@@ -324,7 +326,14 @@ std::string Executor::Wait(const std::string& ns, std::string_view request) {
       return Error(StateCode::kRetry, "the job is still running");
     if (job->code == StateCode::kOk) {
       reply.assign(1, '\0');
-      wire::Writer(&reply).Str(job->outcome);
+      wire::Writer w(&reply);
+      w.Str(job->outcome);
+      w.U32(static_cast<uint32_t>(job->ran.size()));
+      for (const auto& [addr, done] : job->ran) {
+        w.Str(job->NodeName(addr));
+        w.U64(done.first);
+        w.U32(done.second);
+      }
     } else {
       reply = Error(job->code, job->outcome);
     }
@@ -541,16 +550,19 @@ void Executor::Account(Job& j, const std::string& node, const Piece& share,
   if (j.kind == JobKind::kSpawn) {
     j.outcome = std::string(result);
     j.remaining = 0;
+    j.ran[node] = {1, 1};
     return;
   }
   wire::Reader rr(result);
-  uint64_t processed;
+  uint64_t processed = 0;
   if (!rr.U64(&processed) || processed != n)
     return j.Fail(
         StateCode::kInternal,
         absl::StrCat("compute proclet on node ", j.NodeName(node), range(),
                      " ran over ", processed, " elements instead of ", n));
   j.remaining -= n;
+  j.ran[node].first += n;
+  j.ran[node].second += 1;
   double rate = secs > 0 ? n / secs : 0;
   auto& pace = j.pace[node].per_second;
   pace = pace == 0 ? rate : 0.5 * pace + 0.5 * rate;

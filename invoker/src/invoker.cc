@@ -328,6 +328,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // when the invoker stops, so their waits end).
   std::set<int> task_channels;
   uint32_t tasks_running = 0;
+  // The node cgroup's CPU time at the last report (under mu).
+  uint64_t cpu_nanos = 0;
+  Clock::time_point cpu_sampled;
 
   std::mutex stop_mu;
   std::condition_variable stop_cv;
@@ -2062,6 +2065,15 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     r.set_shard_bytes(shard_bytes);
     r.set_state_ops(proclet_host->ops());
     r.set_tasks(tasks_running);
+    {
+      uint64_t cpu = node_cgroup->CpuUsageNanos();
+      auto now = Clock::now();
+      double secs = std::chrono::duration<double>(now - cpu_sampled).count();
+      if (cpu_sampled != Clock::time_point() && secs > 0 && cpu >= cpu_nanos)
+        r.set_cpu_used((cpu - cpu_nanos) / 1e9 / secs);
+      cpu_nanos = cpu;
+      cpu_sampled = now;
+    }
     // The spare arena counts too: placement must not promise it away.
     r.mutable_used()->set_memory_bytes(mem + shard_bytes +
                                        proclet_host->spare_bytes());

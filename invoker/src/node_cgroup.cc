@@ -1,6 +1,7 @@
 #include "node_cgroup.h"
 
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "sandbox.h"
@@ -84,9 +85,30 @@ absl::StatusOr<std::unique_ptr<NodeCgroup>> NodeCgroup::Create(
                                quota.empty() ? "-1" : quota);
       !s.ok())
     return s;
-  // The instances' pids cgroups live below this one too.
+  // The instances' pids cgroups live below this one too, and their CPU time
+  // is counted in cpuacct (see CpuUsageNanos).
   if (auto s = make(CgroupDir("pids", name)); !s.ok()) return s;
+  if (std::filesystem::exists(CgroupDir("cpuacct", "") + "/cpuacct.usage")) {
+    std::string acct = CgroupDir("cpuacct", name);
+    if (auto s = make(acct); !s.ok()) return s;
+    cg->cpuacct_dir_ = acct;
+  }
   return cg;
+}
+
+uint64_t NodeCgroup::CpuUsageNanos() const {
+  if (CgroupV2()) {
+    std::ifstream in(cpu_dir_ + "/cpu.stat");
+    std::string key;
+    uint64_t v;
+    while (in >> key >> v)
+      if (key == "usage_usec") return v * 1000;
+    return 0;
+  }
+  if (cpuacct_dir_.empty()) return 0;
+  uint64_t v = 0;
+  std::ifstream(cpuacct_dir_ + "/cpuacct.usage") >> v;
+  return v;
 }
 
 NodeCgroup::~NodeCgroup() {

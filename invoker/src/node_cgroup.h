@@ -37,11 +37,15 @@ class NodeCgroup {
   // Where the limits are written (one directory on v2).
   const std::string& memory_dir() const { return memory_dir_; }
   const std::string& cpu_dir() const { return cpu_dir_; }
+  // CPU time the instances have used together so far (0 where the kernel
+  // does not count it: v1 without a cpuacct hierarchy).
+  uint64_t CpuUsageNanos() const;
 
  private:
   NodeCgroup() = default;
   std::vector<std::string> dirs_;  // every hierarchy's directory
   std::string memory_dir_, cpu_dir_;
+  std::string cpuacct_dir_;  // v1
 };
 
 }  // namespace silt::invoker

@@ -696,6 +696,13 @@ absl::StatusOr<std::unique_ptr<Cgroup>> Cgroup::Create(
         !s.ok())
       return s;
   }
+  // CPU time is counted by cpuacct where it is a hierarchy of its own (the
+  // node's load reports read it; cpu.stat has no usage on v1).
+  if (std::filesystem::exists(ControllerRoot("cpuacct") + "/cpuacct.usage")) {
+    std::string acct =
+        ControllerRoot("cpuacct") + OwnCgroup("cpuacct") + "/" + name;
+    if (auto s = make(acct); !s.ok()) return s;
+  }
   std::string pids = ControllerRoot("pids") + OwnCgroup("pids") + "/" + name;
   if (auto s = make(pids); !s.ok()) return s;
   if (auto s = WriteFile(pids + "/pids.max", std::to_string(max_pids)); !s.ok())
@@ -1098,7 +1105,7 @@ void CleanupStaleCgroups(const std::string& prefix) {
   if (IsV2()) {
     roots.push_back("/sys/fs/cgroup" + OwnCgroup("") + "/" + prefix);
   } else {
-    for (const char* c : {"memory", "cpu", "pids"})
+    for (const char* c : {"memory", "cpu", "cpuacct", "pids"})
       roots.push_back(ControllerRoot(c) + OwnCgroup(c) + "/" + prefix);
   }
   for (const auto& root : roots) {

@@ -3,11 +3,13 @@
 // live on another node; on a two-node cluster whose nodes run in their own
 // network namespaces (tests/common/cluster.h), driven over HTTP as a user
 // would.
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,7 +34,7 @@ class ComputeTest : public ::testing::Test {
   }
 
   // node-a offers far more memory than node-b: state lands on node-a.
-  void StartCluster() {
+  void StartCluster(std::vector<std::string> node_flags = {}) {
     if (geteuid() != 0)
       GTEST_SKIP() << "nodes run in network namespaces, instances in "
                       "cgroups: run as root";
@@ -41,9 +43,28 @@ class ComputeTest : public ::testing::Test {
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = *std::move(c);
     ASSERT_TRUE(
-        cluster_->AddNode({.name = "node-a", .memory_mib = 1 << 20}).ok());
-    ASSERT_TRUE(cluster_->AddNode({.name = "node-b", .memory_mib = 4096}).ok());
+        cluster_
+            ->AddNode(
+                {.name = "node-a", .memory_mib = 1 << 20, .extra = node_flags})
+            .ok());
+    ASSERT_TRUE(
+        cluster_
+            ->AddNode(
+                {.name = "node-b", .memory_mib = 4096, .extra = node_flags})
+            .ok());
     ASSERT_TRUE(cluster_->WaitNodes(2).ok());
+  }
+  json Node(const std::string& name) {
+    auto all = json::parse(
+        cluster_->gateway().Call("GET", "/system/nodes").body, nullptr, false);
+    for (const auto& n : all)
+      if (n.value("name", "") == name) return n;
+    return json::object();
+  }
+  std::string SumOf(const std::string& op, const std::string& vec) {
+    auto res = Invoke("pipeline", "?op=" + op + "&input=" + vec);
+    EXPECT_EQ(res.status, 200) << res.body;
+    return json::parse(res.body, nullptr, false).value("sum", "");
   }
   void Deploy(const std::string& name, const std::string& image,
               const std::string& node = "") {
@@ -111,16 +132,58 @@ TEST_F(ComputeTest, MapOverDataOnAnotherNodeMatchesTheLocalResult) {
   r = Invoke("pipeline",
              "?op=transform-local&input=records&output=digests-local");
   ASSERT_EQ(r.status, 200) << r.body;
-  auto sum_of = [&](const std::string& op, const std::string& vec) {
-    auto res = Invoke("pipeline", "?op=" + op + "&input=" + vec);
-    EXPECT_EQ(res.status, 200) << res.body;
-    return json::parse(res.body, nullptr, false).value("sum", "");
-  };
-  std::string local = sum_of("reduce-local", "digests-local");
+  std::string local = SumOf("reduce-local", "digests-local");
   ASSERT_FALSE(local.empty());
-  EXPECT_EQ(sum_of("reduce-local", "digests"), local);  // Map's output
-  EXPECT_EQ(sum_of("reduce", "digests"), local);        // through Spawn
-  EXPECT_EQ(sum_of("reduce", "digests-local"), local);
+  EXPECT_EQ(SumOf("reduce-local", "digests"), local);  // Map's output
+  EXPECT_EQ(SumOf("reduce", "digests"), local);        // through Spawn
+  EXPECT_EQ(SumOf("reduce", "digests-local"), local);
+}
+
+// Enough work for both nodes: the job's shares run on each, and the result
+// is the one computed in one place.
+TEST_F(ComputeTest, MapSpreadsOverTheNodes) {
+  StartCluster();
+  if (IsSkipped()) return;
+  DeployPipeline();
+  auto r = Invoke("pipeline", "?op=produce&input=work&n=2000&rounds=4000");
+  ASSERT_EQ(r.status, 200) << r.body;
+  r = Invoke("pipeline", "?op=transform&input=work&output=out");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json placement = json::parse(r.body, nullptr, false)["placement"];
+  EXPECT_GT(placement.value("node-a", 0), 0) << r.body;
+  EXPECT_GT(placement.value("node-b", 0), 0) << r.body;
+  EXPECT_EQ(placement.value("node-a", 0) + placement.value("node-b", 0), 2000)
+      << r.body;
+  r = Invoke("pipeline", "?op=transform-local&input=work&output=out-local");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(SumOf("reduce-local", "out"), SumOf("reduce-local", "out-local"));
+}
+
+// node-b dies (SIGKILL) while it runs shares of a Map: they run again on
+// node-a and the job's answer is right; or, had the caller itself been on
+// node-b, the call fails saying so. Never a wrong result.
+TEST_F(ComputeTest, NodeKilledMidJobLeavesNoWrongResult) {
+  StartCluster();  // nodes report every 100 ms
+  if (IsSkipped()) return;
+  DeployPipeline();
+  auto r = Invoke("pipeline", "?op=produce&input=work&n=3000&rounds=15000");
+  ASSERT_EQ(r.status, 200) << r.body;
+  deploy::HttpResult job;
+  std::thread call(
+      [&] { job = Invoke("pipeline", "?op=transform&input=work&output=out"); });
+  bool running_on_b = Eventually(
+      [&] { return Node("node-b").value("computeProclets", 0) > 0; });
+  cluster_->StopNode("node-b", SIGKILL);
+  call.join();
+  ASSERT_TRUE(running_on_b) << Node("node-b").dump();
+  if (job.status != 200) {  // the caller was on node-b
+    EXPECT_FALSE(job.body.empty());
+    EXPECT_EQ(job.body.find("\"sum\""), std::string::npos) << job.body;
+    return;
+  }
+  r = Invoke("pipeline", "?op=transform-local&input=work&output=out-local");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(SumOf("reduce-local", "out"), SumOf("reduce-local", "out-local"));
 }
 
 // Shares run on both nodes (the function may run anywhere) and every

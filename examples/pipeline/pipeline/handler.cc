@@ -158,11 +158,25 @@ silt::Result<uint64_t> Produce(silt::Context& ctx, const std::string& input,
   return first;
 }
 
+// Map's placement as JSON: {"node-a": elements, ...}.
+std::string Placement(const std::vector<silt::JobPlacement>& ps) {
+  std::string out = "{";
+  for (const auto& p : ps) {
+    if (out.size() > 1) out += ",";
+    out += Quote(p.node) + ":" + std::to_string(p.elements);
+  }
+  return out + "}";
+}
+
 silt::Status Transform(silt::Context& ctx, const std::string& input,
-                       const std::string& output) {
+                       const std::string& output,
+                       std::string* placement = nullptr) {
   auto in = ctx.Vector<Record>(input);
   auto out = ctx.Vector<uint64_t>(output);
-  return ctx.Map(in, Digest, out).Get();
+  auto job = ctx.Map(in, Digest, out);
+  silt::Status st = job.Get();
+  if (placement != nullptr) *placement = Placement(job.placement());
+  return st;
 }
 
 // The same transform without compute proclets: this instance reads, digests
@@ -253,10 +267,12 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
                                            {"ms", std::to_string(Ms(start))}}));
   }
   if (op == "transform" || op == "transform-local") {
-    auto st = op == "transform" ? Transform(ctx, input, output)
+    std::string placement = "{}";
+    auto st = op == "transform" ? Transform(ctx, input, output, &placement)
                                 : TransformLocal(ctx, input, output);
     if (auto f = Check(st)) return Fail(*f);
-    return silt::Response::Json(200, Json({{"ms", std::to_string(Ms(start))}}));
+    return silt::Response::Json(200, Json({{"ms", std::to_string(Ms(start))},
+                                           {"placement", placement}}));
   }
   if (op == "reduce" || op == "reduce-local") {
     auto sum = op == "reduce"
@@ -275,7 +291,9 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
     if (auto f = Check(first)) return Fail(*f);
     double produce_ms = Ms(start);
     auto t = std::chrono::steady_clock::now();
-    if (auto f = Check(Transform(ctx, records, digests))) return Fail(*f);
+    std::string placement;
+    if (auto f = Check(Transform(ctx, records, digests, &placement)))
+      return Fail(*f);
     double transform_ms = Ms(t);
     t = std::chrono::steady_clock::now();
     auto sum = Reduce(ctx, digests, Number(req.query, "parts", 8));
@@ -285,6 +303,7 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
                    {"sum", "\"" + std::to_string(*sum) + "\""},
                    {"produce_ms", std::to_string(produce_ms)},
                    {"transform_ms", std::to_string(transform_ms)},
+                   {"placement", placement},
                    {"reduce_ms", std::to_string(Ms(t))}}));
   }
   return Fail({silt::StateCode::kInvalid,

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "silt/abi.h"
 #include "silt/state.h"
@@ -30,6 +31,14 @@ struct TaskOptions {
   bool idempotent = false;
 };
 
+// Where a job's work ran: per node, the elements (1 for a Spawn) and shares
+// its compute proclets did there.
+struct JobPlacement {
+  std::string node;
+  uint64_t elements = 0;
+  uint32_t shares = 0;
+};
+
 // The outcome of a job, once it ends. Movable, not copyable; Get() may be
 // called again and returns the same outcome.
 template <typename T>
@@ -47,6 +56,8 @@ class Future {
     while (!done_) Poll(1000);
     return *done_;
   }
+  // Once it ended well: where it ran.
+  const std::vector<JobPlacement>& placement() const { return placement_; }
   // Waits up to `timeout`; true when the job has ended.
   bool WaitFor(std::chrono::milliseconds timeout) {
     if (!done_) Poll(static_cast<uint32_t>(timeout.count()));
@@ -82,6 +93,15 @@ class Future {
       done_ = Result<T>(StateCode::kInternal, "bad reply");
       return;
     }
+    uint32_t n = 0;
+    (void)r.U32(&n);
+    for (uint32_t i = 0; i < n; ++i) {
+      JobPlacement p;
+      std::string_view node;
+      if (!r.Str(&node) || !r.U64(&p.elements) || !r.U32(&p.shares)) break;
+      p.node = std::string(node);
+      placement_.push_back(std::move(p));
+    }
     if constexpr (std::is_same_v<T, Done>) {
       done_ = Result<T>(Done{});
     } else {
@@ -92,6 +112,7 @@ class Future {
   const silt_state_api* api_ = nullptr;
   uint64_t id_ = 0;
   std::optional<Result<T>> done_;
+  std::vector<JobPlacement> placement_;
 };
 
 namespace internal {

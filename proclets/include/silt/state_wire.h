@@ -54,8 +54,9 @@ enum class StateOp : uint8_t {
   // u8 JobKind, str task, str output, u64 first, u64 count (kAll: to the
   // end), str argument, u8 flags (JobFlags) -> u64 job id
   kJobStart = 40,
-  // u64 job id, u32 timeout_ms (0: no wait) -> str result | kRetry while
-  // it runs | the job's error (its id is then forgotten)
+  // u64 job id, u32 timeout_ms (0: no wait) -> str result, u32 n, n x (str
+  // node, u64 elements, u32 shares) | kRetry while it runs | the job's error
+  // (its id is then forgotten)
   kJobWait = 41,
 };
 
