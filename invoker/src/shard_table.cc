@@ -251,6 +251,7 @@ HostedShard* ShardTable::Resolve(
     std::shared_ptr<HostedShard> hs, uint64_t hint,
     std::shared_ptr<HostedShard>* keep, std::string* moved,
     uint64_t* moved_epoch, bool* would_block) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  bool followed = false;  // hs is a split or merge successor of the one asked
   while (hs) {
     if (would_block) {
       if (!hs->mu.TryLock()) {  // held by a split, merge or migration
@@ -283,8 +284,15 @@ HostedShard* ShardTable::Resolve(
       return nullptr;
     }
     if (hs->gone) {
-      *moved = hs->moved_to;
-      *moved_epoch = hs->moved_epoch;
+      // A successor that moved on: the caller's layout is older than the
+      // split, and MOVED would relocate the shard it asked for, so it asks
+      // the directory instead.
+      if (followed) {
+        moved->clear();
+      } else {
+        *moved = hs->moved_to;
+        *moved_epoch = hs->moved_epoch;
+      }
       hs->mu.Unlock();
       return nullptr;
     }
@@ -302,6 +310,7 @@ HostedShard* ShardTable::Resolve(
       return nullptr;
     }
     hs = std::move(next);
+    followed = true;
   }
   return nullptr;
 }
