@@ -102,11 +102,16 @@ struct Executor::Job {
   std::vector<std::thread> threads ABSL_GUARDED_BY(mu);
   std::set<int> remote_fds ABSL_GUARDED_BY(mu);  // shut down on stop
 
+  // Ends the job with an error (the first one counts).
   void Fail(StateCode c, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (finished) return;
-    finished = true;
     code = c;
     outcome = std::move(why);
+    Finish();
+  }
+  // Ends the job; its outcome is what `code` and `outcome` say.
+  void Finish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    finished = true;
     ended = Clock::now();
     pending.clear();
     changed = true;
@@ -118,7 +123,8 @@ struct Executor::Job {
   }
 };
 
-Executor::Executor(ExecutorOptions options) : options_(std::move(options)) {}
+Executor::Executor(ExecutorOptions options)
+    : options_(std::move(options)), peers_(options_.hello, 16) {}
 
 Executor::~Executor() {
   std::map<uint64_t, std::shared_ptr<Job>> jobs;
@@ -277,7 +283,7 @@ std::string Executor::Start(const std::string& ns, const std::string& function,
       absl::MutexLock jl(&job->mu);
       job->pending = std::move(pieces);
       job->remaining = total;
-      if (total == 0) job->Fail(StateCode::kOk, "");
+      if (total == 0) job->Finish();
     }
     jobs_[job->id] = job;
     for (uint64_t id : ended_threads_) {
@@ -352,7 +358,7 @@ void Executor::Run(std::shared_ptr<Job> job) {
     {
       absl::MutexLock l(&j.mu);
       if (!j.finished && j.pending.empty() && j.remaining == 0)
-        j.Fail(StateCode::kOk, j.outcome);  // done: ok, with the result
+        j.Finish();  // done: ok, with the result
       if (j.finished) break;
       // Slots per node: its cores not busy with other work. This node is a
       // candidate even before the gateway has described the cluster.
@@ -486,7 +492,7 @@ Executor::Outcome Executor::RunShare(Job& j, const std::string& node,
                                      std::string_view call) {
   if (node == options_.data_address)
     return {Outcome::kReplied, options_.run_local(j.target, call)};
-  auto conn = TakePeer(node);
+  auto conn = peers_.Take(node);
   if (!conn) return {Outcome::kNotSent, {}};
   timeval tv{};
   tv.tv_sec = j.target.timeout_ms / 1000 + 10;
@@ -506,7 +512,7 @@ Executor::Outcome Executor::RunShare(Job& j, const std::string& node,
     absl::MutexLock l(&j.mu);
     j.remote_fds.erase(conn->fd);
   }
-  if (out.how == Outcome::kReplied) GivePeer(node, std::move(conn));
+  if (out.how == Outcome::kReplied) peers_.Give(node, std::move(conn));
   return out;
 }
 
@@ -566,35 +572,6 @@ void Executor::Account(Job& j, const std::string& node, const Piece& share,
   double rate = secs > 0 ? n / secs : 0;
   auto& pace = j.pace[node].per_second;
   pace = pace == 0 ? rate : 0.5 * pace + 0.5 * rate;
-}
-
-std::unique_ptr<PeerConn> Executor::TakePeer(const std::string& addr) {
-  {
-    absl::MutexLock l(&peers_mu_);
-    auto& pool = idle_peers_[addr];
-    while (!pool.empty()) {
-      auto c = std::move(pool.back());
-      pool.pop_back();
-      char b;
-      ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return c;
-    }
-  }
-  std::string hello = options_.hello();
-  if (hello.empty()) return nullptr;
-  auto fd = Dial(addr);
-  if (!fd.ok()) return nullptr;
-  auto c = std::make_unique<PeerConn>();
-  c->fd = *fd;
-  if (!WriteBytesFrame(c->fd, hello).ok()) return nullptr;
-  c->reader = std::make_unique<FrameReader>(*fd, wire::kMaxFrameBytes + 64);
-  return c;
-}
-
-void Executor::GivePeer(const std::string& addr, std::unique_ptr<PeerConn> c) {
-  absl::MutexLock l(&peers_mu_);
-  auto& pool = idle_peers_[addr];
-  if (pool.size() < 16) pool.push_back(std::move(c));
 }
 
 }  // namespace silt::invoker

@@ -93,8 +93,6 @@ class Executor {
   Piece Take(Job& job, const std::string& node);
   void Account(Job& job, const std::string& node, const Piece& share,
                const Outcome& out, double secs);
-  std::unique_ptr<PeerConn> TakePeer(const std::string& addr);
-  void GivePeer(const std::string& addr, std::unique_ptr<PeerConn> c);
 
   const ExecutorOptions options_;
 
@@ -106,9 +104,7 @@ class Executor {
   std::map<uint64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> ended_threads_ ABSL_GUARDED_BY(mu_);
 
-  absl::Mutex peers_mu_;
-  std::map<std::string, std::vector<std::unique_ptr<PeerConn>>> idle_peers_
-      ABSL_GUARDED_BY(peers_mu_);
+  PeerPool peers_;  // to the nodes that run shares
 };
 
 }  // namespace silt::invoker

@@ -1680,6 +1680,30 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     return t;
   }
 
+  // Sends `call` to an acquired instance (its timeout: what is left until
+  // `deadline`) and reads the reply. On failure the instance is released
+  // as discarded (the pool's next call gets a fresh one; the caller still
+  // holds it, for its id), the line "silt: instance ID <role>WHY" goes to
+  // the function's log, and *why says what happened: "timed out"
+  // (DeadlineExceeded) or how the instance died.
+  absl::Status CallInstance(Pool& pool, Instance& inst, v1::WorkerCall& call,
+                            Clock::time_point deadline, const char* role,
+                            v1::WorkerReply* reply, std::string* why) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    call.set_timeout_ms(
+        static_cast<uint64_t>(std::max<int64_t>(1, left.count())));
+    absl::Status s = WriteFrame(inst.channel, call);
+    if (s.ok())
+      s = ReadFrame(inst.channel, reply, left + std::chrono::milliseconds(100));
+    if (s.ok()) return s;
+    *why = absl::IsDeadlineExceeded(s) ? "timed out" : DeathReason(inst);
+    Release(pool, nullptr);
+    logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), inst.id,
+                absl::StrCat("silt: instance ", inst.id, " ", role, *why));
+    return s;
+  }
+
   grpc::Status Invoke(grpc::ServerContext*, const v1::InvokeRequest* req,
                       v1::InvokeResponse* res) override {
     std::shared_ptr<Pool> pool;
@@ -1726,23 +1750,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     call.set_query(req->query());
     *call.mutable_headers() = req->headers();
     call.set_body(req->body());
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - Clock::now());
-    call.set_timeout_ms(
-        static_cast<uint64_t>(std::max<int64_t>(1, left.count())));
-    absl::Status s = WriteFrame((*inst)->channel, call);
     v1::WorkerReply reply;
-    if (s.ok())
-      s = ReadFrame((*inst)->channel, &reply,
-                    left + std::chrono::milliseconds(100));
+    std::string why;
+    absl::Status s =
+        CallInstance(*pool, **inst, call, deadline, "", &reply, &why);
     if (!s.ok()) {
       std::string id = (*inst)->id;
-      std::string why =
-          absl::IsDeadlineExceeded(s) ? "timed out" : DeathReason(**inst);
-      Release(*pool, nullptr);  // the instance is discarded; the next call gets
-                                // a fresh one
-      logs.Append(Key(req->namespace_(), req->name()), id,
-                  absl::StrCat("silt: instance ", id, " ", why));
       if (absl::IsDeadlineExceeded(s)) {
         return grpc::Status(
             grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -1800,9 +1813,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     auto timeout = std::chrono::milliseconds(t.timeout_ms);
     auto deadline = Clock::now() + timeout;
     std::string tier;
-    int headroom = static_cast<int>(
-        std::max(1u, options.cpus > 0 ? options.cpus
-                                      : std::thread::hardware_concurrency()));
+    int headroom = static_cast<int>(std::max(1u, Cores()));
     auto inst = Acquire(pool, deadline, &tier, headroom);
     if (!inst.ok())
       return Error(absl::IsResourceExhausted(inst.status())
@@ -1813,20 +1824,15 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     call.set_op("task");
     call.set_call_id(absl::StrCat("task-", RandomId(8)));
     call.set_body(std::string(task_call));
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - Clock::now());
-    call.set_timeout_ms(
-        static_cast<uint64_t>(std::max<int64_t>(1, left.count())));
     {
       std::lock_guard<std::mutex> l(mu);
       task_channels.insert((*inst)->channel);
       ++tasks_running;
     }
-    absl::Status s = WriteFrame((*inst)->channel, call);
     v1::WorkerReply reply;
-    if (s.ok())
-      s = ReadFrame((*inst)->channel, &reply,
-                    left + std::chrono::milliseconds(100));
+    std::string why;
+    absl::Status s = CallInstance(*pool, **inst, call, deadline,
+                                  "(a compute proclet) ", &reply, &why);
     {
       std::lock_guard<std::mutex> l(mu);
       task_channels.erase((*inst)->channel);
@@ -1834,12 +1840,6 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
     if (!s.ok()) {
       std::string id = (*inst)->id;
-      std::string why =
-          absl::IsDeadlineExceeded(s) ? "timed out" : DeathReason(**inst);
-      Release(*pool, nullptr);  // discarded, as in Invoke
-      logs.Append(
-          Key(t.ns, t.function), id,
-          absl::StrCat("silt: instance ", id, " (a compute proclet) ", why));
       if (absl::IsDeadlineExceeded(s))
         return Error(wire::StateCode::kTimeout,
                      absl::StrCat("its share took longer than ",
@@ -1852,6 +1852,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (reply.body().empty())
       return Error(wire::StateCode::kInternal, "empty task reply");
     return std::move(*reply.mutable_body());
+  }
+
+  // This node's CPU capacity: --cpus, else the machine's.
+  uint32_t Cores() const {
+    return options.cpus > 0 ? options.cpus
+                            : std::thread::hardware_concurrency();
   }
 
   // What the executor's shares run as: the function's version here, and its
@@ -2108,9 +2114,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       reg->set_node_name(node_name);
       reg->set_address(address);
       reg->set_data_address(proclet_host->data_address());
-      reg->mutable_capacity()->set_cores(
-          options.cpus > 0 ? options.cpus
-                           : std::thread::hardware_concurrency());
+      reg->mutable_capacity()->set_cores(Cores());
       reg->mutable_capacity()->set_gpus(gpus);
       struct sysinfo si;
       if (options.memory_bytes > 0)

@@ -16,6 +16,37 @@
 
 namespace silt::invoker {
 
+std::unique_ptr<PeerConn> PeerPool::Take(const std::string& addr) {
+  {
+    absl::MutexLock l(&mu_);
+    auto& pool = idle_[addr];
+    while (!pool.empty()) {
+      auto c = std::move(pool.back());
+      pool.pop_back();
+      // A pooled connection whose peer went away reads EOF or an error
+      // right away: drop it rather than send on it.
+      char b;
+      ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return c;
+    }
+  }
+  std::string hello = hello_();
+  if (hello.empty()) return nullptr;
+  auto fd = Dial(addr);
+  if (!fd.ok()) return nullptr;
+  auto c = std::make_unique<PeerConn>();
+  c->fd = *fd;
+  if (!WriteBytesFrame(c->fd, hello).ok()) return nullptr;
+  c->reader = std::make_unique<FrameReader>(*fd, wire::kMaxFrameBytes + 64);
+  return c;
+}
+
+void PeerPool::Give(const std::string& addr, std::unique_ptr<PeerConn> c) {
+  absl::MutexLock l(&mu_);
+  auto& pool = idle_[addr];
+  if (pool.size() < max_idle_) pool.push_back(std::move(c));
+}
+
 std::string RunTaskFrame(const TaskTarget& t, std::string_view call) {
   std::string f;
   wire::Writer w(&f);

@@ -13,10 +13,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -79,6 +81,28 @@ struct PeerConn {
   ~PeerConn() {
     if (fd >= 0) close(fd);
   }
+};
+
+// Idle connections to peers' data ports, by address, for reuse. Take() hands
+// out a pooled connection whose peer is still there, or dials a new one and
+// sends the hello frame first. Thread-safe.
+class PeerPool {
+ public:
+  // `hello`: the first frame of a new connection (empty: none can be made
+  // yet). `max_idle`: connections kept per address.
+  PeerPool(std::function<std::string()> hello, size_t max_idle)
+      : hello_(std::move(hello)), max_idle_(max_idle) {}
+  // Null when the peer cannot be reached (or no hello is known yet).
+  std::unique_ptr<PeerConn> Take(const std::string& addr);
+  // A connection that answered its last request in full.
+  void Give(const std::string& addr, std::unique_ptr<PeerConn> c);
+
+ private:
+  const std::function<std::string()> hello_;
+  const size_t max_idle_;
+  absl::Mutex mu_;
+  std::map<std::string, std::vector<std::unique_ptr<PeerConn>>> idle_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // Raises the calling thread's CPU priority (nice -10) until destroyed, then

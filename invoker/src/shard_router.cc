@@ -70,7 +70,7 @@ ShardRouter::ShardRouter(Resolver resolve, std::string self, ShardTable& shards,
     : resolve_(std::move(resolve)),
       self_(std::move(self)),
       shards_(shards),
-      key_(key) {}
+      peers_([&key] { return key.Hello(); }, 64) {}
 
 void ShardRouter::ForgetLayout(const std::string& ns, const std::string& name) {
   absl::MutexLock l(&layouts_mu_);
@@ -126,13 +126,13 @@ std::string ShardRouter::Send(const pv1::ShardLocation& loc,
     return shards_.HandleShardOp(r);
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
-    std::unique_ptr<PeerConn> c = TakePeer(loc.data_address());
+    std::unique_ptr<PeerConn> c = peers_.Take(loc.data_address());
     if (!c) break;
     // Not sent: retry on a fresh connection.
     if (!WriteBytesFrame(c->fd, req).ok()) continue;
     std::string reply;
     if (c->reader->Next(&reply).ok()) {
-      GivePeer(loc.data_address(), std::move(c));
+      peers_.Give(loc.data_address(), std::move(c));
       return reply;
     }
     *ambiguous = true;
@@ -144,38 +144,6 @@ std::string ShardRouter::Send(const pv1::ShardLocation& loc,
   return Error(StateCode::kUnavailable,
                absl::StrCat("cannot reach node ", loc.node(), " (",
                             loc.data_address(), ") holding shard ", loc.id()));
-}
-
-std::unique_ptr<PeerConn> ShardRouter::TakePeer(const std::string& addr) {
-  {
-    absl::MutexLock l(&peers_mu_);
-    auto& pool = idle_peers_[addr];
-    while (!pool.empty()) {
-      auto c = std::move(pool.back());
-      pool.pop_back();
-      // A pooled connection whose peer went away reads EOF or an error
-      // right away: drop it rather than send on it.
-      char b;
-      ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return c;
-    }
-  }
-  std::string hello = key_.Hello();
-  if (hello.empty()) return nullptr;
-  auto fd = Dial(addr);
-  if (!fd.ok()) return nullptr;
-  auto c = std::make_unique<PeerConn>();
-  c->fd = *fd;
-  if (!WriteBytesFrame(c->fd, hello).ok()) return nullptr;
-  c->reader = std::make_unique<FrameReader>(*fd, wire::kMaxFrameBytes + 64);
-  return c;
-}
-
-void ShardRouter::GivePeer(const std::string& addr,
-                           std::unique_ptr<PeerConn> c) {
-  absl::MutexLock l(&peers_mu_);
-  auto& pool = idle_peers_[addr];
-  if (pool.size() < 64) pool.push_back(std::move(c));
 }
 
 std::string ShardRouter::ShardRequest(uint64_t id, uint64_t hint, StateOp op,

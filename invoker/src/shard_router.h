@@ -79,8 +79,6 @@ class ShardRouter {
   // must not send it again.
   std::string Send(const pv1::ShardLocation& loc, const std::string& req,
                    bool* ambiguous);
-  std::unique_ptr<PeerConn> TakePeer(const std::string& addr);
-  void GivePeer(const std::string& addr, std::unique_ptr<PeerConn> c);
   static std::string ShardRequest(uint64_t id, uint64_t hint, wire::StateOp op,
                                   std::string_view args);
   static const pv1::ShardLocation* Covering(const pv1::Layout& l,
@@ -106,15 +104,12 @@ class ShardRouter {
   const Resolver resolve_;
   const std::string self_;
   ShardTable& shards_;
-  const DataKey& key_;
 
   absl::Mutex layouts_mu_;
   std::map<std::string, std::shared_ptr<const pv1::Layout>> layouts_
       ABSL_GUARDED_BY(layouts_mu_);
 
-  absl::Mutex peers_mu_;
-  std::map<std::string, std::vector<std::unique_ptr<PeerConn>>> idle_peers_
-      ABSL_GUARDED_BY(peers_mu_);
+  PeerPool peers_;
 };
 
 }  // namespace silt::invoker
