@@ -63,7 +63,21 @@ int main(int argc, char** argv) {
                  "16 MiB takes ~25 ms here)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{4096}));
+  bool no_rebalance = false;
+  app.add_flag("--no-rebalance", no_rebalance,
+               "Never move proclets or instances because of load");
+  app.add_option("--cpu-high", o.cpu_high,
+                 "Rebalance a node whose CPU use passes this fraction of its "
+                 "cores while other work takes it")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 1.0));
+  app.add_option("--memory-high", o.memory_high,
+                 "Move memory proclets off a node whose memory use passes "
+                 "this fraction of its memory")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 1.0));
   CLI11_PARSE(app, argc, argv);
+  o.rebalance = !no_rebalance;
   o.shard_split_bytes = shard_split_mib << 20;
   o.auth = !no_auth;
   o.max_system_body_bytes = max_body_mib << 20;

@@ -43,6 +43,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--report-interval-ms", report_ms, "Load report interval")
       ->capture_default_str();
+  int pulse_ms = 5;
+  app.add_option("--pulse-ms", pulse_ms,
+                 "Sample CPU, memory and running work this often and tell the "
+                 "gateway when they moved (0: full reports only)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--pulse-change", o.pulse_change,
+                 "Fraction of capacity a figure must move by to be sent "
+                 "before the next full report (0: every sample)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--max-instances", o.max_instances_per_function,
                  "Instances per function on this node")
       ->capture_default_str();
@@ -79,6 +90,7 @@ int main(int argc, char** argv) {
   o.template_memory_bytes = template_mib << 20;
   o.idle_timeout = std::chrono::seconds(idle_s);
   o.report_interval = std::chrono::milliseconds(report_ms);
+  o.pulse_interval = std::chrono::milliseconds(pulse_ms);
 
   // SIGUSR1 is internal: the drain is over. Blocked in every thread (they
   // inherit the mask) and taken by sigwait below.

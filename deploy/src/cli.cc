@@ -26,6 +26,7 @@
 #include "deploy/stack.h"
 #include "nlohmann/json.hpp"
 #include "silt/version.h"
+#include "watch.h"
 
 namespace silt::deploy {
 namespace {
@@ -992,6 +993,24 @@ int RunCli(int argc, char** argv) {
       "nodes", "List the invokers: capacity, use and free per resource");
   gw_opt(nodes_cmd);
   nodes_cmd->add_option("-o,--output", output, "table or json");
+  auto* events_cmd = app.add_subcommand(
+      "events", "Show what the rebalancer moved where, and why");
+  gw_opt(events_cmd);
+  bool events_follow = false;
+  events_cmd->add_flag("-f,--follow", events_follow, "Keep printing new ones");
+  events_cmd->add_option("-o,--output", output, "table or json");
+  auto* top_cmd = app.add_subcommand(
+      "top", "Watch nodes, their load and the rebalancer's moves live");
+  gw_opt(top_cmd);
+  int top_interval_ms = 500, top_frames = 0;
+  top_cmd->add_option("--interval-ms", top_interval_ms, "Refresh period")
+      ->capture_default_str()
+      ->check(CLI::Range(50, 60000));
+  top_cmd
+      ->add_option("-n,--frames", top_frames,
+                   "Stop after this many refreshes (0: until Ctrl-C)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   auto* node_cmd = app.add_subcommand("node", "Operate on one node");
   node_cmd->require_subcommand(1);
   auto* node_drain = node_cmd->add_subcommand(
@@ -1178,6 +1197,14 @@ int RunCli(int argc, char** argv) {
       Describe(Client{ResolveGateway(gateway), token}, name, ns);
     } else if (*nodes_cmd) {
       NodesList(Client{ResolveGateway(gateway), token}, output);
+    } else if (*events_cmd || *top_cmd) {
+      Client c{ResolveGateway(gateway), token};
+      JsonGetter get = [&c](const std::string& path) {
+        return GetJson(c, path, "gateway's answer");
+      };
+      if (*events_cmd) PrintEvents(get, events_follow, output);
+      if (*top_cmd)
+        Top(get, std::chrono::milliseconds(top_interval_ms), top_frames);
     } else if (*node_cmd) {
       Client c{ResolveGateway(gateway), token};
       PostAndPrint(c, "/system/nodes/" + UrlEncode(name) + "/drain", "{}",

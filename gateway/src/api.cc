@@ -307,6 +307,12 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
     if (m == "POST") return DrainNode(arg.substr(0, arg.size() - 6));
     return MethodNotAllowed();
   }
+  if (head == "events" && !has_arg) {
+    route = "/system/events";
+    SILT_AUTH();
+    if (m == "GET") return ListEvents(req);
+    return MethodNotAllowed();
+  }
   if (head == "proclets" && !has_arg) {
     route = "/system/proclets";
     SILT_AUTH();
@@ -943,6 +949,7 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
       if (!r->failure.empty()) metrics_->InstanceFailure(fn, r->failure);
       res.SetHeader("X-Silt-Start", r->start_tier);
       res.SetHeader("X-Silt-Start-Ms", absl::StrFormat("%.3f", r->start_ms));
+      if (!r->node.empty()) res.SetHeader("X-Silt-Node", r->node);
     } else if (absl::IsNotFound(r.status())) {
       res = FunctionNotFound(fn, name);
     } else if (absl::IsUnavailable(r.status())) {
@@ -1052,6 +1059,8 @@ absl::StatusOr<HttpResponse> Api::ListNodes() {
          {"dataAddress", n.data_address},
          {"cores", n.cores},
          {"cpuUsed", std::round(n.cpu_used * 100) / 100},
+         {"cpuForeign", std::round(n.cpu_foreign * 100) / 100},
+         {"hot", n.hot},
          {"gpus", n.gpus},
          {"memoryBytes", n.memory_bytes},
          {"memoryUsedBytes", n.memory_used_bytes},

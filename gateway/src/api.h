@@ -97,6 +97,8 @@ class Api {
   absl::StatusOr<HttpResponse> DeleteState(const HttpRequest& req,
                                            absl::string_view name);
   absl::StatusOr<HttpResponse> DrainNode(absl::string_view node);
+  // The rebalancer's decisions (api_events.cc).
+  absl::StatusOr<HttpResponse> ListEvents(const HttpRequest& req);
 
   // Namespace from the body value, else the ?namespace= query, else the
   // default; it must exist and carry the openfaas=1 label.

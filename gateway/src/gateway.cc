@@ -1,5 +1,6 @@
 #include "gateway/gateway.h"
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <condition_variable>
 #include <filesystem>
@@ -79,6 +80,12 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
                                                 options.data_dir + "/bundles");
   NodeRegistryOptions node_options{.listen = options.grpc_listen,
                                    .node_timeout = options.node_timeout};
+  node_options.rebalancer.enabled = options.rebalance;
+  node_options.rebalancer.cpu_high = options.cpu_high;
+  node_options.rebalancer.cpu_low = std::max(0.05, options.cpu_high - 0.2);
+  node_options.rebalancer.memory_high = options.memory_high;
+  node_options.rebalancer.memory_low =
+      std::max(0.05, options.memory_high - 0.1);
   if (options.shard_split_bytes)
     node_options.directory.default_max_shard_bytes = options.shard_split_bytes;
   auto nodes = NodeRegistry::Start(node_options, impl->store.get(),

@@ -81,6 +81,19 @@ void Metrics::StateOps(absl::string_view node, uint64_t ops) {
   it->second += ops;
 }
 
+void Metrics::RebalanceMoves(absl::string_view kind, absl::string_view reason,
+                             uint64_t n) {
+  std::lock_guard<std::mutex> l(mu_);
+  rebalance_moves_[Key{std::string(kind), std::string(reason)}] += n;
+}
+
+void Metrics::LoadPulse(absl::string_view node) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = pulses_.find(node);
+  if (it == pulses_.end()) it = pulses_.emplace(std::string(node), 0).first;
+  ++it->second;
+}
+
 double Metrics::InvocationCount(absl::string_view function) const {
   std::lock_guard<std::mutex> l(mu_);
   double total = 0;
@@ -210,6 +223,20 @@ std::string Metrics::Render(const std::map<std::string, uint64_t>& replicas,
   out += "# TYPE silt_proclet_ops_total counter\n";
   for (const auto& [node, v] : state_ops_)
     absl::StrAppend(&out, "silt_proclet_ops_total{node=\"", Escape(node),
+                    "\"} ", v, "\n");
+  out +=
+      "# HELP silt_rebalance_moves_total Pieces the rebalancer moved, by kind "
+      "(memory, compute, instance) and reason (cpu-high, memory-high)\n";
+  out += "# TYPE silt_rebalance_moves_total counter\n";
+  for (const auto& [k, v] : rebalance_moves_)
+    absl::StrAppend(&out, "silt_rebalance_moves_total{kind=\"", Escape(k.first),
+                    "\",reason=\"", Escape(k.second), "\"} ", v, "\n");
+  out +=
+      "# HELP silt_load_pulses_total Compact load reports received from a "
+      "node between its full reports\n";
+  out += "# TYPE silt_load_pulses_total counter\n";
+  for (const auto& [node, v] : pulses_)
+    absl::StrAppend(&out, "silt_load_pulses_total{node=\"", Escape(node),
                     "\"} ", v, "\n");
   out += "# HELP provider_http_requests_total Total HTTP requests processed\n";
   out += "# TYPE provider_http_requests_total counter\n";

@@ -50,6 +50,13 @@ class Metrics {
   // `ops` more state operations were served by proclets on `node`.
   void StateOps(absl::string_view node, uint64_t ops);
 
+  // The rebalancer moved `n` pieces of `kind` (memory, compute, instance)
+  // because of `reason` (cpu-high, memory-high).
+  void RebalanceMoves(absl::string_view kind, absl::string_view reason,
+                      uint64_t n);
+  // A node's load pulse arrived (between full reports).
+  void LoadPulse(absl::string_view node);
+
   // The exposition text. `replicas` fills gateway_service_count, `proclets`
   // the proclet gauges.
   std::string Render(const std::map<std::string, uint64_t>& replicas,
@@ -92,6 +99,8 @@ class Metrics {
   uint64_t migrations_ok_ = 0, migrations_aborted_ = 0;
   MigrationHistogram migration_seconds_, migration_pause_seconds_;
   std::map<std::string, uint64_t, std::less<>> state_ops_;  // by node
+  std::map<Key, uint64_t> rebalance_moves_;                 // (kind, reason)
+  std::map<std::string, uint64_t, std::less<>> pulses_;     // by node
 };
 
 }  // namespace silt::gateway

@@ -93,6 +93,11 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     // From the deployment's constraints ("node.name==N", "node.name!=N",
     // "kubernetes.io/hostname=N"); others are ignored, as faasd ignores all.
     std::vector<std::string> only_nodes, not_nodes;
+    // Label com.silt.pin=NODE: runs only there (a constraint) and nothing of
+    // it is ever moved by the rebalancer; com.silt.rebalance=false: placed
+    // by free resources, never moved.
+    bool pinned = false, rebalance = true;
+    bool Movable() const { return !pinned && rebalance; }
     bool Allows(const std::string& node) const {
       auto has = [&](const std::vector<std::string>& v) {
         return std::find(v.begin(), v.end(), node) != v.end();
@@ -112,6 +117,11 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     bool leaving = false;    // asked to be drained (Drain): place nothing here
     uint32_t tasks = 0;      // compute proclets running there
     double cpu_used = 0;     // cores busy, as last reported
+    double cpu_foreign = 0;  // of which not Silt's (the last pulse)
+    uint32_t busy = 0;       // instances serving a call (the last pulse)
+    // Over its CPU mark (the rebalancer): movable functions' calls and
+    // replicas go elsewhere, no new compute proclets.
+    bool hot = false;
     grpc::ServerContext* ctx = nullptr;
     grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream =
         nullptr;
@@ -133,6 +143,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   // The cluster's data-port key (kept in the store, sent in assignments).
   std::string data_key;
   std::unique_ptr<Directory> directory;
+  std::unique_ptr<Rebalancer> rebalancer;  // after directory: stops first
 
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Node>> nodes;    // by name
@@ -150,6 +161,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   std::condition_variable active_cv;
 
   ~Impl() override {
+    rebalancer.reset();
     {
       std::lock_guard<std::mutex> l(stop_mu);
       stopping = true;
@@ -186,8 +198,17 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     if (digest.ok()) s.set_bundle_digest(*digest);
     s.set_env_process(d->env_process);
     for (const auto& [k, v] : d->env_vars) (*s.mutable_env())[k] = v;
-    if (d->labels)
+    if (d->labels) {
       for (const auto& [k, v] : *d->labels) (*s.mutable_labels())[k] = v;
+      if (auto it = d->labels->find("com.silt.pin");
+          it != d->labels->end() && !it->second.empty()) {
+        fn->pinned = true;
+        fn->only_nodes.push_back(it->second);
+      }
+      if (auto it = d->labels->find("com.silt.rebalance");
+          it != d->labels->end() && it->second == "false")
+        fn->rebalance = false;
+    }
     for (const auto& name : d->secrets) {
       auto secret = store->GetSecret(rec.ns, name);
       if (secret.ok()) (*s.mutable_secrets())[name] = secret->value;
@@ -236,7 +257,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       if (!fn->Allows(node_name)) continue;
       std::vector<std::string> names;
       for (const auto& [n, node] : nodes)
-        if (fn->Allows(n)) names.push_back(n);
+        if (fn->Allows(n) && !(node->hot && AvoidHotLocked(*fn)))
+          names.push_back(n);
       size_t index =
           std::find(names.begin(), names.end(), node_name) - names.begin();
       size_t count = names.size();
@@ -248,6 +270,15 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       s->set_min_instances(static_cast<uint32_t>(share));
     }
     return a;
+  }
+
+  // Caller holds mu. Whether the function's calls and replicas stay off hot
+  // nodes: it may move and some node it may run on is not hot.
+  bool AvoidHotLocked(const Fn& fn) const {
+    if (!fn.Movable()) return false;
+    for (const auto& [n, node] : nodes)
+      if (!node->hot && fn.Allows(n)) return true;
+    return false;
   }
 
   void SendAssignments() {
@@ -284,6 +315,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
         v->set_draining(node->leaving);
         v->set_tasks(node->tasks);
         v->set_cpu_used(node->cpu_used);
+        v->set_hot(node->hot);
         to.push_back(node);
       }
     }
@@ -344,6 +376,10 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     SendClusterView();
     v1::NodeMessage m;
     while (stream->Read(&m)) {
+      if (m.has_pulse()) {
+        OnPulse(*node, m.pulse());
+        continue;
+      }
       if (!m.has_report()) continue;
       std::vector<Directory::Held> held;
       for (const auto& sh : m.report().shards())
@@ -390,6 +426,82 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     SendAssignments();  // its replicas move to the remaining nodes
     SendClusterView();
     return grpc::Status::OK;
+  }
+
+  // The fast half of a node's load: what the rebalancer and the executors'
+  // cluster view run on.
+  void OnPulse(Node& node, const v1::Pulse& p) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      node.last_seen = Clock::now();
+      node.cpu_used = p.cpu_used();
+      node.cpu_foreign = p.cpu_foreign();
+      node.memory_used = p.memory_used();
+      node.tasks = p.tasks();
+      node.busy = p.busy();
+      if (p.cores() > 0) node.cores = p.cores();
+    }
+    if (metrics) metrics->LoadPulse(node.name);
+    SendClusterView();
+    if (rebalancer) rebalancer->Wake();
+  }
+
+  // ---- rebalancer hooks ----
+
+  std::vector<NodeLoadView> LoadViews() {
+    std::lock_guard<std::mutex> l(mu);
+    std::vector<NodeLoadView> out;
+    for (const auto& [n, node] : nodes)
+      out.push_back({node->name, node->cores, node->cpu_used, node->cpu_foreign,
+                     node->memory, node->memory_used, node->tasks, node->busy,
+                     node->leaving, node->hot});
+    return out;
+  }
+
+  // Marks a node hot or cool; when hot, the functions with instances there
+  // that may move: their calls now go to the other nodes (the one with the
+  // most CPU to spare is named), which restore them from the snapshot.
+  std::vector<InstanceMove> SetHot(const std::string& name, bool hot) {
+    std::vector<InstanceMove> moved;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto it = nodes.find(name);
+      if (it == nodes.end()) return moved;
+      it->second->hot = hot;
+      LoadFnsLocked().IgnoreError();
+      if (hot) {
+        for (const auto& [key, c] : it->second->counts) {
+          auto f = fns.find(key);
+          if (f == fns.end() || c.ready() == 0 ||
+              c.generation() != f->second->spec.generation() ||
+              !AvoidHotLocked(*f->second))
+            continue;
+          std::string to;
+          double spare = -1e9;
+          for (const auto& [n, node] : nodes) {
+            if (node->hot || !f->second->Allows(n)) continue;
+            double free = node->cores - node->cpu_used;
+            if (free > spare) to = n, spare = free;
+          }
+          moved.push_back({key, c.ready(), to});
+        }
+      }
+    }
+    SendAssignments();
+    SendClusterView();
+    return moved;
+  }
+
+  // A structure's shards may move unless a function that uses it is pinned
+  // or opted out.
+  bool MayMove(const StructureView& v) {
+    std::lock_guard<std::mutex> l(mu);
+    LoadFnsLocked().IgnoreError();
+    for (const auto& f : v.functions)
+      if (auto it = fns.find(Key(v.ns, f));
+          it != fns.end() && !it->second->Movable())
+        return false;
+    return true;
   }
 
   // The catalog in the store: key "<id>/<node>", value the SnapshotInfo.
@@ -578,9 +690,10 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     std::vector<std::string> tried;
   };
 
-  // Caller holds mu. Of the nodes the function's constraints allow: the one
-  // with the most idle instances of it, then the fewest calls of it in
-  // flight, then round robin.
+  // Caller holds mu. Of the nodes the function's constraints allow (not hot
+  // ones while it may move and another is allowed): the one with the most
+  // idle instances of it, then the fewest calls of it in flight, then round
+  // robin.
   std::shared_ptr<Node> PickLocked(const std::string& key, const Fn& fn,
                                    const std::vector<std::string>& exclude) {
     uint64_t generation = fn.spec.generation();
@@ -591,12 +704,13 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     std::vector<std::shared_ptr<Node>> order;
     for (auto& [name, node] : nodes) order.push_back(node);
     ++rr;
+    bool avoid_hot = AvoidHotLocked(fn);
     for (i = 0; i < n; ++i) {
       auto& node = order[(i + rr) % n];
       if (std::find(exclude.begin(), exclude.end(), node->name) !=
           exclude.end())
         continue;
-      if (!fn.Allows(node->name)) continue;
+      if (!fn.Allows(node->name) || (avoid_hot && node->hot)) continue;
       long ready = 0;
       if (auto it = node->counts.find(key);
           it != node->counts.end() && it->second.generation() == generation)
@@ -609,6 +723,13 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
         best_idle = idle;
         best_inflight = inflight;
       }
+    }
+    if (!best && avoid_hot) {  // every cool node was tried: a hot one then
+      for (auto& node : order)
+        if (node->hot && fn.Allows(node->name) &&
+            std::find(exclude.begin(), exclude.end(), node->name) ==
+                exclude.end())
+          return node;
     }
     return best;
   }
@@ -845,6 +966,14 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
       store, options.directory, [p] { return p->DirectoryNodes(); }, metrics);
   if (!dir.ok()) return dir.status();
   impl->directory = *std::move(dir);
+  Rebalancer::Hooks hooks;
+  hooks.nodes = [p] { return p->LoadViews(); };
+  hooks.set_hot = [p](const std::string& n, bool hot) {
+    return p->SetHot(n, hot);
+  };
+  hooks.may_move = [p](const StructureView& v) { return p->MayMove(v); };
+  impl->rebalancer = Rebalancer::Start(options.rebalancer, std::move(hooks),
+                                       impl->directory.get(), metrics);
   impl->liveness = std::thread([p] { p->LivenessLoop(); });
   return std::unique_ptr<NodeRegistry>(new NodeRegistry(std::move(impl)));
 }
@@ -891,7 +1020,7 @@ std::vector<NodeInfo> NodeRegistry::Nodes() {
     out.push_back({node->name, node->address, node->cores, node->gpus,
                    node->memory, node->memory_used, instances,
                    node->data_address, node->shards, node->shard_bytes,
-                   node->cpu_used, node->tasks});
+                   node->cpu_used, node->tasks, node->cpu_foreign, node->hot});
   }
   return out;
 }
@@ -959,6 +1088,11 @@ size_t NodeRegistry::DeleteSnapshots(const std::string& ns,
     if (node->stream) node->stream->Write(m);
   }
   return views.size();
+}
+
+std::vector<RebalanceEvent> NodeRegistry::Events(
+    uint64_t after, std::chrono::milliseconds wait) {
+  return impl_->rebalancer->Events(after, wait);
 }
 
 void NodeRegistry::Logs(const std::string& ns, const std::string& name,

@@ -16,6 +16,7 @@
 #include "directory.h"
 #include "http_types.h"
 #include "metrics.h"
+#include "rebalancer.h"
 #include "store/store.h"
 
 namespace silt::gateway {
@@ -60,8 +61,10 @@ struct NodeInfo {
   std::string data_address;  // state and migration traffic
   uint32_t shards = 0;       // memory proclets held
   uint64_t shard_bytes = 0;
-  double cpu_used = 0;  // cores its instances kept busy (last report)
-  uint32_t tasks = 0;   // compute proclets running there
+  double cpu_used = 0;     // cores its instances kept busy (last report)
+  uint32_t tasks = 0;      // compute proclets running there
+  double cpu_foreign = 0;  // of cpu_used, not Silt's (the last pulse)
+  bool hot = false;        // over its CPU mark: work moved off it
 };
 
 // One snapshot image and the nodes that hold it (the catalog).
@@ -81,6 +84,7 @@ struct NodeRegistryOptions {
   // A node that sends no report for this long is dropped and its replicas move.
   std::chrono::milliseconds node_timeout{std::chrono::seconds(5)};
   DirectoryOptions directory;
+  RebalancerOptions rebalancer;
 };
 
 class NodeRegistry {
@@ -110,6 +114,10 @@ class NodeRegistry {
   // Tells every node to drop the function's snapshots; returns how many
   // catalog entries went.
   size_t DeleteSnapshots(const std::string& ns, const std::string& name);
+  // The rebalancer's decisions after sequence number `after` (waits up to
+  // `wait` for one).
+  std::vector<RebalanceEvent> Events(uint64_t after,
+                                     std::chrono::milliseconds wait);
   // Collects log lines from every node (blocking; with follow, until `stop` or
   // the emit callback returns false).
   void Logs(const std::string& ns, const std::string& name, int64_t since,

@@ -21,6 +21,9 @@ struct NodeLoad {
   double cpu_used = 0;    // cores busy, as last reported
   bool draining = false;  // take nothing new
   uint32_t tasks = 0;     // compute proclets running there
+  // Over its CPU high-water mark (the gateway's rebalancer): no new shares
+  // there while another node has CPU to spare.
+  bool hot = false;
 };
 
 class ClusterView {

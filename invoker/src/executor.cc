@@ -377,6 +377,15 @@ void Executor::Run(std::shared_ptr<Job> job) {
       if (!self_seen && !j.excluded.contains(options_.data_address))
         want[options_.data_address] =
             std::max(1u, std::thread::hardware_concurrency());
+      // Hot nodes (the rebalancer moved compute off them) get no new shares
+      // while another node has slots: their running shares finish, the rest
+      // of the range goes elsewhere within one share (~share_target).
+      bool cool_slots = false;
+      for (const NodeLoad& n : *view)
+        cool_slots = cool_slots || (!n.hot && want[n.data_address] > 0);
+      if (cool_slots)
+        for (const NodeLoad& n : *view)
+          if (n.hot) want[n.data_address] = 0;
       if (j.kind == JobKind::kSpawn) {
         // One share: the node with the most CPU to spare (this one on a tie).
         std::string best = options_.data_address;

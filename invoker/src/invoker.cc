@@ -44,6 +44,7 @@
 #include "hosted_shard.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "invoker/proto/proclets.grpc.pb.h"
+#include "load_pulse.h"
 #include "logs.h"
 #include "node_cgroup.h"
 #include "proclet_host.h"
@@ -1880,7 +1881,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     ClusterView::Nodes nodes;
     for (const auto& n : v.nodes())
       nodes.push_back({n.name(), n.data_address(), n.cores(), n.cpu_used(),
-                       n.draining(), n.tasks()});
+                       n.draining(), n.tasks(), n.hot()});
     cluster.Set(std::move(nodes));
   }
 
@@ -2045,6 +2046,30 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
   }
 
+  LoadPulse::Sample PulseSample() {
+    LoadPulse::Sample s;
+    s.at = Clock::now();
+    s.instances_cpu_nanos = node_cgroup->InstancesCpuNanos();
+    s.cpu_nanos = node_cgroup->CpuUsageNanos();
+    s.cores = Cores();
+    s.memory = MemoryCapacity();
+    s.memory_used = node_cgroup->MemoryUsageBytes() +
+                    proclet_host->shard_bytes() + proclet_host->spare_bytes();
+    std::lock_guard<std::mutex> l(mu);
+    s.tasks = tasks_running;
+    for (const auto& [key, pool] : pools)
+      s.busy += static_cast<uint32_t>(pool->busy);
+    return s;
+  }
+
+  uint64_t MemoryCapacity() const {
+    struct sysinfo si;
+    if (options.memory_bytes > 0) return options.memory_bytes;
+    if (sysinfo(&si) == 0)
+      return static_cast<uint64_t>(si.totalram) * si.mem_unit;
+    return 0;
+  }
+
   v1::LoadReport Report(uint64_t seq) {
     v1::LoadReport r;
     r.set_seq(seq);
@@ -2116,12 +2141,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       reg->set_data_address(proclet_host->data_address());
       reg->mutable_capacity()->set_cores(Cores());
       reg->mutable_capacity()->set_gpus(gpus);
-      struct sysinfo si;
-      if (options.memory_bytes > 0)
-        reg->mutable_capacity()->set_memory_bytes(options.memory_bytes);
-      else if (sysinfo(&si) == 0)
-        reg->mutable_capacity()->set_memory_bytes(
-            static_cast<uint64_t>(si.totalram) * si.mem_unit);
+      reg->mutable_capacity()->set_memory_bytes(MemoryCapacity());
       if (stream->Write(hello)) {
         backoff_ms = 100;
         std::atomic<bool> done{false};
@@ -2138,13 +2158,30 @@ struct Invoker::Impl final : public v1::Invoker::Service {
           stop_cv.notify_all();
         });
         uint64_t seq = 0;
+        LoadPulse pulse(options.pulse_change, std::chrono::milliseconds(20));
+        auto next_report = Clock::now();
         while (!done && !Stopping()) {
-          v1::NodeMessage m;
-          *m.mutable_report() = Report(++seq);
-          if (!stream->Write(m)) break;
+          auto now = Clock::now();
+          bool pulses = options.pulse_interval > std::chrono::milliseconds(0);
+          bool report = now >= next_report || !pulses;
+          if (report) {
+            v1::NodeMessage m;
+            *m.mutable_report() = Report(++seq);
+            next_report = now + options.report_interval;
+            if (!stream->Write(m)) break;
+          }
+          if (pulses) {
+            if (auto p = pulse.Next(PulseSample(), /*force=*/report)) {
+              v1::NodeMessage m;
+              *m.mutable_pulse() = *std::move(p);
+              if (!stream->Write(m)) break;
+            }
+          }
+          auto wait = pulses ? std::min<Clock::duration>(options.pulse_interval,
+                                                         next_report - now)
+                             : Clock::duration(options.report_interval);
           std::unique_lock<std::mutex> l(stop_mu);
-          stop_cv.wait_for(l, options.report_interval,
-                           [&] { return stopping || done.load(); });
+          stop_cv.wait_for(l, wait, [&] { return stopping || done.load(); });
         }
         ctx.TryCancel();
         reader.join();

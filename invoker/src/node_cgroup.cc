@@ -9,7 +9,10 @@
 namespace silt::invoker {
 namespace {
 
-constexpr uint64_t kCpuPeriodUs = 100000;
+// A short period (the kernel's default is 100 ms): a node over its quota is
+// throttled for at most ~10 ms at a time, so its CPU use reads the same over
+// any window of a few periods, which is what load pulses sample.
+constexpr uint64_t kCpuPeriodUs = 10000;
 
 }  // namespace
 
@@ -25,7 +28,8 @@ absl::StatusOr<std::unique_ptr<NodeCgroup>> NodeCgroup::Create(
     cg->dirs_.push_back(dir);
     return absl::OkStatus();
   };
-  std::string quota = cpu_millis > 0 ? std::to_string(cpu_millis * 100) : "";
+  std::string quota =
+      cpu_millis > 0 ? std::to_string(cpu_millis * kCpuPeriodUs / 1000) : "";
   if (CgroupV2()) {
     std::string dir = CgroupDir("", name);
     if (auto s = make(dir); !s.ok()) return s;
@@ -108,6 +112,42 @@ uint64_t NodeCgroup::CpuUsageNanos() const {
   if (cpuacct_dir_.empty()) return 0;
   uint64_t v = 0;
   std::ifstream(cpuacct_dir_ + "/cpuacct.usage") >> v;
+  return v;
+}
+
+namespace {
+
+uint64_t ReadCpuNanos(const std::string& dir, bool v2) {
+  uint64_t v = 0;
+  if (v2) {
+    std::ifstream in(dir + "/cpu.stat");
+    std::string key;
+    while (in >> key >> v)
+      if (key == "usage_usec") return v * 1000;
+    return 0;
+  }
+  std::ifstream(dir + "/cpuacct.usage") >> v;
+  return v;
+}
+
+}  // namespace
+
+uint64_t NodeCgroup::InstancesCpuNanos() const {
+  bool v2 = CgroupV2();
+  const std::string& dir = v2 ? cpu_dir_ : cpuacct_dir_;
+  if (dir.empty()) return 0;
+  uint64_t sum = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_directory(ec)) sum += ReadCpuNanos(e.path().string(), v2);
+  return sum;
+}
+
+uint64_t NodeCgroup::MemoryUsageBytes() const {
+  uint64_t v = 0;
+  std::ifstream(memory_dir_ +
+                (CgroupV2() ? "/memory.current" : "/memory.usage_in_bytes")) >>
+      v;
   return v;
 }
 

@@ -40,6 +40,12 @@ class NodeCgroup {
   // CPU time the instances have used together so far (0 where the kernel
   // does not count it: v1 without a cpuacct hierarchy).
   uint64_t CpuUsageNanos() const;
+  // The part of it the instances' own cgroups used (the rest ran in the node
+  // cgroup itself: not Silt's, e.g. a process an operator put there).
+  uint64_t InstancesCpuNanos() const;
+  // Memory the instances use together now (page cache included, as the
+  // limit counts it).
+  uint64_t MemoryUsageBytes() const;
 
  private:
   NodeCgroup() = default;

@@ -169,4 +169,10 @@ std::vector<pv1::ShardInfo> ProcletHost::Shards() const {
   return impl_->shards.Infos();
 }
 
+uint64_t ProcletHost::shard_bytes() const {
+  uint64_t n = 0;
+  for (const auto& info : impl_->shards.Infos()) n += info.bytes();
+  return n;
+}
+
 }  // namespace silt::invoker

@@ -97,6 +97,8 @@ class ProcletHost {
   void ForgetLayout(const std::string& ns, const std::string& name);
 
   std::vector<pv1::ShardInfo> Shards() const;
+  // Their bytes together.
+  uint64_t shard_bytes() const;
   // State operations executed on shards held here so far (cumulative).
   uint64_t ops() const;
   // Memory held ready for shards that migrate here (the spare arena).

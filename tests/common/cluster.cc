@@ -1,6 +1,7 @@
 #include "common/cluster.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -155,6 +156,56 @@ absl::Status Cluster::AddNode(const NodeOptions& options) {
   it->second.grpc = std::string(text.substr(0, text.find_first_of(" \n")));
   it->second.process = std::make_unique<Process>(*std::move(p));
   return absl::OkStatus();
+}
+
+CpuHog::~CpuHog() {
+  for (pid_t p : pids_) kill(p, SIGKILL);
+  for (pid_t p : pids_) waitpid(p, nullptr, 0);
+}
+
+absl::StatusOr<std::unique_ptr<CpuHog>> Cluster::StartCpuHog(
+    const std::string& name, int processes) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end() || !it->second.process)
+    return absl::NotFoundError("no node " + name);
+  std::string id;
+  std::ifstream(dir_ + "/" + name + "/node-id") >> id;
+  if (id.empty()) return absl::FailedPreconditionError("node-id not written");
+  // The invoker's own cgroups; its node cgroup is silt/<id> below each.
+  std::vector<std::string> dirs;
+  std::ifstream in(
+      absl::StrCat("/proc/", it->second.process->pid(), "/cgroup"));
+  std::string line;
+  bool v2 = std::filesystem::exists("/sys/fs/cgroup/cgroup.controllers");
+  while (std::getline(in, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3) continue;
+    if (v2 && f[1].empty()) dirs.push_back("/sys/fs/cgroup" + f[2]);
+    for (absl::string_view c : absl::StrSplit(f[1], ','))
+      if (!v2 && (c == "cpu" || c == "cpuacct"))
+        dirs.push_back(absl::StrCat("/sys/fs/cgroup/", c, f[2]));
+  }
+  std::vector<pid_t> pids;
+  for (int i = 0; i < processes; ++i) {
+    pid_t p = fork();
+    if (p < 0) return absl::InternalError("fork failed");
+    if (p == 0) {
+      volatile uint64_t n = 0;
+      while (true) n = n + 1;
+    }
+    pids.push_back(p);
+  }
+  auto hog = std::make_unique<CpuHog>(pids);
+  for (const auto& d : dirs) {
+    std::string procs = absl::StrCat(d, d.back() == '/' ? "" : "/", "silt/", id,
+                                     "/cgroup.procs");
+    for (pid_t p : pids) {
+      std::ofstream out(procs);
+      out << p << std::endl;
+      if (!out) return absl::InternalError("cannot write " + procs);
+    }
+  }
+  return hog;
 }
 
 absl::Status Cluster::ShapeLink(const std::string& name,

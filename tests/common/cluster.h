@@ -14,6 +14,8 @@
 #ifndef SILT_TESTS_COMMON_CLUSTER_H_
 #define SILT_TESTS_COMMON_CLUSTER_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,6 +43,19 @@ struct NodeOptions {
   std::vector<std::string> extra;  // more silt-invoker flags
 };
 
+// Busy processes in a node's cgroup: CPU that is not Silt's, as its invoker
+// sees it. Killed when this goes.
+class CpuHog {
+ public:
+  explicit CpuHog(std::vector<pid_t> pids) : pids_(std::move(pids)) {}
+  ~CpuHog();
+  CpuHog(const CpuHog&) = delete;
+  CpuHog& operator=(const CpuHog&) = delete;
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
 class Cluster {
  public:
   // Starts the gateway (data in `dir`/gateway) and logs the CLI in (config in
@@ -61,6 +76,10 @@ class Cluster {
   // 32kbit latency 400ms"; this kernel has no netem); needs network
   // namespaces.
   absl::Status ShapeLink(const std::string& name, const std::string& qdisc);
+  // Starts `processes` busy loops inside the node's own cgroup (beside its
+  // instances' cgroups, under its --cpus quota). Needs root.
+  absl::StatusOr<std::unique_ptr<CpuHog>> StartCpuHog(const std::string& name,
+                                                      int processes);
   // Waits until the gateway lists exactly `n` nodes.
   absl::Status WaitNodes(size_t n);
 

@@ -32,6 +32,10 @@ struct Options {
   // A state shard splits once it passes this many bytes (0: the directory's
   // default, 16 MiB); structures may ask for less or more.
   uint64_t shard_split_bytes = 0;
+  // The rebalancer: its high-water marks (fractions of a node's cores and
+  // memory; the low marks sit 0.2 and 0.1 below), or off.
+  bool rebalance = true;
+  double cpu_high = 0.9, memory_high = 0.9;
 };
 
 class Gateway {

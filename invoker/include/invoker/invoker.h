@@ -20,6 +20,11 @@ struct Options {
   std::string node_name;      // default: hostname + listen port
   std::string worker_binary;  // default: silt-worker next to this binary
   std::chrono::milliseconds report_interval{std::chrono::seconds(1)};
+  // Between reports, a compact pulse (CPU, memory, running work) whenever a
+  // figure moved by more than `pulse_change` of capacity, sampled this often
+  // (0: reports only).
+  std::chrono::milliseconds pulse_interval{5};
+  double pulse_change = 0.05;
   // Idle instances beyond a function's minimum are stopped after this long
   // (per function: label com.openfaas.scale.zero-duration).
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(5)};
