@@ -692,14 +692,28 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
 
   // Caller holds mu. Of the nodes the function's constraints allow (not hot
   // ones while it may move and another is allowed): the one with the most
-  // idle instances of it, then the fewest calls of it in flight, then round
-  // robin.
+  // idle instances of it, then the fewest calls of it in flight. Where no
+  // node has an idle one (the call starts an instance), the node with room
+  // for the function's memory limit and the most CPU to spare (in quarter
+  // cores), then the fewest calls in flight; round robin breaks ties.
   std::shared_ptr<Node> PickLocked(const std::string& key, const Fn& fn,
                                    const std::vector<std::string>& exclude) {
     uint64_t generation = fn.spec.generation();
+    uint64_t limit = fn.spec.memory_limit_bytes();
+    struct Score {
+      long idle = 0;
+      bool fits = false;
+      int spare = 0;  // quarter cores
+      int inflight = 0;
+      bool Better(const Score& o) const {
+        if ((idle > 0 || o.idle > 0) && idle != o.idle) return idle > o.idle;
+        if (idle <= 0 && fits != o.fits) return fits;
+        if (idle <= 0 && spare != o.spare) return spare > o.spare;
+        return inflight < o.inflight;
+      }
+    };
     std::shared_ptr<Node> best;
-    long best_idle = 0;
-    int best_inflight = 0;
+    Score best_score;
     size_t i = 0, n = nodes.size();
     std::vector<std::shared_ptr<Node>> order;
     for (auto& [name, node] : nodes) order.push_back(node);
@@ -715,13 +729,14 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       if (auto it = node->counts.find(key);
           it != node->counts.end() && it->second.generation() == generation)
         ready = it->second.ready();
-      int inflight = node->inflight[key];
-      long idle = ready - inflight;
-      if (!best || idle > best_idle ||
-          (idle == best_idle && inflight < best_inflight)) {
+      Score sc;
+      sc.inflight = node->inflight[key];
+      sc.idle = ready - sc.inflight;
+      sc.fits = node->memory == 0 || node->memory_used + limit <= node->memory;
+      sc.spare = static_cast<int>((node->cores - node->cpu_used) * 4);
+      if (!best || sc.Better(best_score)) {
         best = node;
-        best_idle = idle;
-        best_inflight = inflight;
+        best_score = sc;
       }
     }
     if (!best && avoid_hot) {  // every cool node was tried: a hot one then

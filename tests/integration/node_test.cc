@@ -287,14 +287,14 @@ TEST_F(NodeTest, CapacityIsEnforcedByTheInstancesParentCgroup) {
   if (std::filesystem::exists("/sys/fs/cgroup/cgroup.controllers")) {
     std::string dir = "/sys/fs/cgroup" + own("") + "/silt/" + id;
     EXPECT_EQ(ReadFile(dir + "/memory.max"), absl::StrCat(256 << 20, "\n"));
-    EXPECT_EQ(ReadFile(dir + "/cpu.max"), "100000 100000\n");
+    EXPECT_EQ(ReadFile(dir + "/cpu.max"), "10000 10000\n");
   } else {
     std::string mem = "/sys/fs/cgroup/memory" + own("memory") + "/silt/" + id;
     std::string cpu = "/sys/fs/cgroup/cpu" + own("cpu") + "/silt/" + id;
     EXPECT_EQ(ReadFile(mem + "/memory.limit_in_bytes"),
               absl::StrCat(256 << 20, "\n"));
-    EXPECT_EQ(ReadFile(cpu + "/cpu.cfs_period_us"), "100000\n");
-    EXPECT_EQ(ReadFile(cpu + "/cpu.cfs_quota_us"), "100000\n");
+    EXPECT_EQ(ReadFile(cpu + "/cpu.cfs_period_us"), "10000\n");
+    EXPECT_EQ(ReadFile(cpu + "/cpu.cfs_quota_us"), "10000\n");
   }
 
   // A function with no limits of its own cannot use more than the node
