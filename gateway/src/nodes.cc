@@ -118,6 +118,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     uint32_t tasks = 0;      // compute proclets running there
     double cpu_used = 0;     // cores busy, as last reported
     double cpu_foreign = 0;  // of which not Silt's (the last pulse)
+    double view_cpu = -1;    // cpu_used as the executors last heard it
     uint32_t busy = 0;       // instances serving a call (the last pulse)
     // Over its CPU mark (the rebalancer): movable functions' calls and
     // replicas go elsewhere, no new compute proclets.
@@ -431,8 +432,14 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   // The fast half of a node's load: what the rebalancer and the executors'
   // cluster view run on.
   void OnPulse(Node& node, const v1::Pulse& p) {
+    bool view_changed;
     {
       std::lock_guard<std::mutex> l(mu);
+      // The executors' view changes with a quarter core (their slots are
+      // whole cores): smaller moves are not worth a message to every node.
+      view_changed = std::abs(p.cpu_used() - node.view_cpu) >= 0.25 ||
+                     (p.cores() > 0 && p.cores() != node.cores);
+      if (view_changed) node.view_cpu = p.cpu_used();
       node.last_seen = Clock::now();
       node.cpu_used = p.cpu_used();
       node.cpu_foreign = p.cpu_foreign();
@@ -442,7 +449,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       if (p.cores() > 0) node.cores = p.cores();
     }
     if (metrics) metrics->LoadPulse(node.name);
-    SendClusterView();
+    if (view_changed) SendClusterView();
     if (rebalancer) rebalancer->Wake();
   }
 

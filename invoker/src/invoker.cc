@@ -329,6 +329,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // when the invoker stops, so their waits end).
   std::set<int> task_channels;
   uint32_t tasks_running = 0;
+  LoadPulse::Sample last_sample;  // the connector thread's
   // The node cgroup's CPU time at the last report (under mu).
   uint64_t cpu_nanos = 0;
   Clock::time_point cpu_sampled;
@@ -2049,9 +2050,20 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   LoadPulse::Sample PulseSample() {
     LoadPulse::Sample s;
     s.at = Clock::now();
-    s.instances_cpu_nanos = node_cgroup->InstancesCpuNanos();
-    s.cpu_nanos = node_cgroup->CpuUsageNanos();
     s.cores = Cores();
+    s.cpu_nanos = node_cgroup->CpuUsageNanos();
+    // Which part of it was not Silt's matters only on a busy node: below a
+    // quarter of its cores, count it all as the instances' (reading every
+    // instance's cgroup each sample is most of a pulse's cost).
+    double secs = std::chrono::duration<double>(s.at - last_sample.at).count();
+    bool loaded =
+        last_sample.at == Clock::time_point() || secs <= 0 ||
+        s.cpu_nanos < last_sample.cpu_nanos ||
+        (s.cpu_nanos - last_sample.cpu_nanos) / 1e9 / secs > 0.25 * s.cores;
+    s.instances_cpu_nanos = loaded ? node_cgroup->InstancesCpuNanos()
+                                   : last_sample.instances_cpu_nanos +
+                                         (s.cpu_nanos - last_sample.cpu_nanos);
+    s.instances_cpu_nanos = std::min(s.instances_cpu_nanos, s.cpu_nanos);
     s.memory = MemoryCapacity();
     s.memory_used = node_cgroup->MemoryUsageBytes() +
                     proclet_host->shard_bytes() + proclet_host->spare_bytes();
@@ -2059,6 +2071,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     s.tasks = tasks_running;
     for (const auto& [key, pool] : pools)
       s.busy += static_cast<uint32_t>(pool->busy);
+    last_sample = s;
     return s;
   }
 

@@ -29,7 +29,7 @@ std::optional<v1::Pulse> LoadPulse::Next(const Sample& s, bool force) {
   p.set_tasks(s.tasks);
   p.set_busy(s.busy);
   p.set_cores(s.cores);
-  if (last_ && !force) {
+  if (last_ && !force && change_ > 0) {
     bool moved =
         p.tasks() != last_->tasks() || p.busy() != last_->busy() ||
         p.cores() != last_->cores() ||

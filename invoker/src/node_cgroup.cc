@@ -1,5 +1,9 @@
 #include "node_cgroup.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -100,37 +104,55 @@ absl::StatusOr<std::unique_ptr<NodeCgroup>> NodeCgroup::Create(
   return cg;
 }
 
-uint64_t NodeCgroup::CpuUsageNanos() const {
-  if (CgroupV2()) {
-    std::ifstream in(cpu_dir_ + "/cpu.stat");
-    std::string key;
-    uint64_t v;
-    while (in >> key >> v)
-      if (key == "usage_usec") return v * 1000;
-    return 0;
-  }
-  if (cpuacct_dir_.empty()) return 0;
-  uint64_t v = 0;
-  std::ifstream(cpuacct_dir_ + "/cpuacct.usage") >> v;
-  return v;
-}
-
 namespace {
 
+// One cgroup file's text (small: read with plain syscalls, as load pulses
+// read these every few milliseconds).
+std::string ReadSmall(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  char buf[1024];
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+uint64_t FirstNumber(const std::string& text) {
+  return strtoull(text.c_str(), nullptr, 10);
+}
+
 uint64_t ReadCpuNanos(const std::string& dir, bool v2) {
-  uint64_t v = 0;
-  if (v2) {
-    std::ifstream in(dir + "/cpu.stat");
-    std::string key;
-    while (in >> key >> v)
-      if (key == "usage_usec") return v * 1000;
-    return 0;
-  }
-  std::ifstream(dir + "/cpuacct.usage") >> v;
-  return v;
+  if (!v2) return FirstNumber(ReadSmall(dir + "/cpuacct.usage"));
+  std::string stat = ReadSmall(dir + "/cpu.stat");
+  size_t at = stat.find("usage_usec ");
+  return at == std::string::npos
+             ? 0
+             : strtoull(stat.c_str() + at + 11, nullptr, 10) * 1000;
 }
 
 }  // namespace
+
+// Reads a file kept open (cgroup files re-read from offset 0 give the
+// current value): load pulses read these every few milliseconds.
+std::string NodeCgroup::ReadKept(int* fd, const std::string& path) const {
+  if (*fd < 0) *fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (*fd < 0) return "";
+  char buf[1024];
+  ssize_t n = pread(*fd, buf, sizeof(buf) - 1, 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+uint64_t NodeCgroup::CpuUsageNanos() const {
+  if (CgroupV2()) {
+    std::string stat = ReadKept(&cpu_fd_, cpu_dir_ + "/cpu.stat");
+    size_t at = stat.find("usage_usec ");
+    return at == std::string::npos
+               ? 0
+               : strtoull(stat.c_str() + at + 11, nullptr, 10) * 1000;
+  }
+  if (cpuacct_dir_.empty()) return 0;
+  return FirstNumber(ReadKept(&cpu_fd_, cpuacct_dir_ + "/cpuacct.usage"));
+}
 
 uint64_t NodeCgroup::InstancesCpuNanos() const {
   bool v2 = CgroupV2();
@@ -144,14 +166,14 @@ uint64_t NodeCgroup::InstancesCpuNanos() const {
 }
 
 uint64_t NodeCgroup::MemoryUsageBytes() const {
-  uint64_t v = 0;
-  std::ifstream(memory_dir_ +
-                (CgroupV2() ? "/memory.current" : "/memory.usage_in_bytes")) >>
-      v;
-  return v;
+  return FirstNumber(ReadKept(
+      &memory_fd_, memory_dir_ + (CgroupV2() ? "/memory.current"
+                                             : "/memory.usage_in_bytes")));
 }
 
 NodeCgroup::~NodeCgroup() {
+  if (cpu_fd_ >= 0) close(cpu_fd_);
+  if (memory_fd_ >= 0) close(memory_fd_);
   for (const auto& d : dirs_) rmdir(d.c_str());  // fails while not empty
 }
 

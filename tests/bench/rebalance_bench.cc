@@ -1,7 +1,7 @@
 // Rebalancer benchmarks on a two-node cluster (invokers in their own network
 // namespaces, one CPU each), with the pipeline example (examples/pipeline).
 //
-//   sudo build/tests/bench/bench_rebalance [--shifts 5]
+//   sudo build/tests/bench/bench_rebalance [--shifts 5]   (0: pulse cost only)
 //
 // Load shift: while a Map (pipeline op=transform) runs compute proclets on
 // both nodes, a CPU hog (busy processes in node-b's own cgroup: CPU that is
@@ -20,8 +20,9 @@
 //
 // Pulse cost: the same two-node cluster idle, once with every node sending a
 // pulse every 5 ms whether or not anything changed (--pulse-change 0), once
-// with pulses off (--pulse-ms 0); the gateway's and invokers' CPU time (from
-// /proc) over the same wall time, per pulse received.
+// with pulses off (--pulse-ms 0), once with the defaults (5 ms samples, a
+// pulse when a figure moved by 5%); the gateway's and invokers' CPU time
+// (from /proc) over the same wall time, per pulse received and per second.
 #include <signal.h>
 #include <unistd.h>
 
@@ -137,23 +138,27 @@ double PulsesReceived(Cluster& c) {
   return total;
 }
 
-// Daemon CPU seconds and pulses over `secs` of an idle cluster.
-std::pair<double, double> IdleCost(const std::string& dir,
-                                   const std::vector<std::string>& flags,
-                                   double secs) {
+// Over `secs` of an idle cluster: the gateway's and the invokers' CPU
+// seconds, and the pulses the gateway received.
+struct Cost {
+  double gateway = -1, invokers = 0, pulses = 0;
+};
+Cost IdleCost(const std::string& dir, const std::vector<std::string>& flags,
+              double secs) {
   auto cluster = Cluster::Start(dir);
-  if (!cluster.ok() || !StartCluster(**cluster, flags)) return {-1, 0};
+  if (!cluster.ok() || !StartCluster(**cluster, flags)) return {};
   Cluster& c = **cluster;
   std::this_thread::sleep_for(std::chrono::seconds(1));  // settle after start
-  auto cpu = [&] {
-    return ProcessCpuSeconds(c.gateway().process().pid()) +
-           ProcessCpuSeconds(c.node("node-a").pid()) +
+  auto invokers = [&] {
+    return ProcessCpuSeconds(c.node("node-a").pid()) +
            ProcessCpuSeconds(c.node("node-b").pid());
   };
-  double cpu0 = cpu(), p0 = PulsesReceived(c);
+  pid_t gw = c.gateway().process().pid();
+  Cost start{ProcessCpuSeconds(gw), invokers(), PulsesReceived(c)};
   std::this_thread::sleep_for(
       std::chrono::milliseconds(static_cast<int>(secs * 1000)));  // measure
-  return {cpu() - cpu0, PulsesReceived(c) - p0};
+  return {ProcessCpuSeconds(gw) - start.gateway, invokers() - start.invokers,
+          PulsesReceived(c) - start.pulses};
 }
 
 }  // namespace
@@ -162,7 +167,7 @@ int main(int argc, char** argv) {
   int shifts = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
-    if (flag == "--shifts") shifts = std::max(1, std::atoi(argv[i + 1]));
+    if (flag == "--shifts") shifts = std::max(0, std::atoi(argv[i + 1]));
   }
   if (geteuid() != 0) {
     fprintf(stderr,
@@ -173,7 +178,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   std::string dir = silt::testing::MakeTempDir("silt-bench-rebalance");
   std::vector<double> rebalance, decide, with_shift, quiet;
-  {
+  if (shifts > 0) {  // --shifts 0: the pulse cost only
     auto cluster = Cluster::Start(dir + "/shift");
     if (!cluster.ok() || !StartCluster(**cluster, {})) return 2;
     Cluster& c = **cluster;
@@ -254,27 +259,37 @@ int main(int argc, char** argv) {
     }
   }
 
-  auto on = IdleCost(dir + "/pulse-on", {"--pulse-change", "0"}, 3);
-  auto off = IdleCost(dir + "/pulse-off", {"--pulse-ms", "0"}, 3);
+  Cost on = IdleCost(dir + "/pulse-on", {"--pulse-change", "0"}, 3);
+  Cost off = IdleCost(dir + "/pulse-off", {"--pulse-ms", "0"}, 3);
+  Cost idle = IdleCost(dir + "/pulse-default", {}, 3);
   std::filesystem::remove_all(dir);
-  double per_pulse_us =
-      on.second > 0 ? (on.first - off.first) / on.second * 1e6 : 0;
+  auto per_pulse_us = [&](double a, double b) {
+    return on.pulses > 0 ? (a - b) / on.pulses * 1e6 : 0;
+  };
+  double gw_us = per_pulse_us(on.gateway, off.gateway);
+  double inv_us = per_pulse_us(on.invokers, off.invokers);
 
   printf("shifts=%d\n", shifts);
   printf("node_cpus=1,1 hog_processes=2 pulse_ms=5\n");
-  printf("rebalance_ms=%.1f\n", Median(rebalance));
-  printf("rebalance_ms_max=%.1f\n",
-         rebalance.empty()
-             ? 0
-             : *std::max_element(rebalance.begin(), rebalance.end()));
-  printf("decide_ms=%.2f\n", Median(decide));
-  printf("job_ms_with_shift=%.0f\n", Median(with_shift));
-  printf("job_ms_quiet=%.0f\n", Median(quiet));
-  printf("pulses_per_s_forced=%.0f\n", on.second / 3);
-  printf("pulse_daemon_cpu_s_on=%.3f\n", on.first);
-  printf("pulse_daemon_cpu_s_off=%.3f\n", off.first);
-  printf("pulse_cost_us=%.1f\n", per_pulse_us);
+  if (shifts > 0) {
+    printf("rebalance_ms=%.1f\n", Median(rebalance));
+    printf("rebalance_ms_max=%.1f\n",
+           *std::max_element(rebalance.begin(), rebalance.end()));
+    printf("decide_ms=%.2f\n", Median(decide));
+    printf("job_ms_with_shift=%.0f\n", Median(with_shift));
+    printf("job_ms_quiet=%.0f\n", Median(quiet));
+  }
+  printf("pulses_per_s_forced=%.0f\n", on.pulses / 3);
+  printf("pulse_cost_gateway_us=%.1f\n", gw_us);
+  printf("pulse_cost_invoker_us=%.1f\n", inv_us);
+  printf("pulse_cost_us=%.1f\n", gw_us + inv_us);
   printf("pulse_cpu_pct_per_node_at_200hz=%.2f\n",
-         per_pulse_us * 200 / 1e6 * 100);
+         (gw_us + inv_us) * 200 / 1e6 * 100);
+  // Defaults (5 ms samples, a pulse only on a 5% move), idle: what sampling
+  // costs when nothing changes.
+  printf("pulses_per_s_idle_default=%.1f\n", idle.pulses / 3);
+  printf("pulse_idle_cpu_pct_per_node=%.2f\n",
+         ((idle.gateway - off.gateway) + (idle.invokers - off.invokers)) / 3 /
+             2 * 100);
   return 0;
 }
