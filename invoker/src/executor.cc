@@ -449,6 +449,13 @@ void Executor::RunShares(std::shared_ptr<Job> job, std::string node) {
       t.argument = j.argument;
       t.first = share.first;
       t.count = share.end - share.first;
+      // A share that runs long (its node slowed down) hands the rest back.
+      if (j.kind != JobKind::kSpawn)
+        t.budget_us = static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(
+                options_.share_target)
+                .count() *
+            5 / 4);
       wire::WriteTaskCall(&call, t);
     }
     auto start = Clock::now();
@@ -570,15 +577,17 @@ void Executor::Account(Job& j, const std::string& node, const Piece& share,
   }
   wire::Reader rr(result);
   uint64_t processed = 0;
-  if (!rr.U64(&processed) || processed != n)
+  if (!rr.U64(&processed) || processed == 0 || processed > n)
     return j.Fail(
         StateCode::kInternal,
         absl::StrCat("compute proclet on node ", j.NodeName(node), range(),
                      " ran over ", processed, " elements instead of ", n));
-  j.remaining -= n;
-  j.ran[node].first += n;
+  if (processed < n)  // it ran out of time: the rest goes to whoever is free
+    j.pending.push_front({share.first + processed, share.end, share.home});
+  j.remaining -= processed;
+  j.ran[node].first += processed;
   j.ran[node].second += 1;
-  double rate = secs > 0 ? n / secs : 0;
+  double rate = secs > 0 ? processed / secs : 0;
   auto& pace = j.pace[node].per_second;
   pace = pace == 0 ? rate : 0.5 * pace + 0.5 * rate;
 }

@@ -22,6 +22,7 @@
 #ifndef SILT_FUNCTION_H_
 #define SILT_FUNCTION_H_
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -304,6 +305,20 @@ inline void TaskDone(std::string* reply, uint64_t processed) {
   TaskReply(reply, StateCode::kOk, out);
 }
 
+// A share's time budget (TaskCall::budget_us), checked after each element.
+class ShareClock {
+ public:
+  explicit ShareClock(const wire::TaskCall& call)
+      : end_(call.budget_us == 0
+                 ? std::chrono::steady_clock::time_point::max()
+                 : std::chrono::steady_clock::now() +
+                       std::chrono::microseconds(call.budget_us)) {}
+  bool Over() const { return std::chrono::steady_clock::now() >= end_; }
+
+ private:
+  std::chrono::steady_clock::time_point end_;
+};
+
 template <typename TArg>
 void ParallelForThunk(TaskFn f, const silt_context* c,
                       const wire::TaskCall& call, std::string* reply) {
@@ -313,13 +328,17 @@ void ParallelForThunk(TaskFn f, const silt_context* c,
   silt::Vector<T> in(c->state, std::string(call.input));
   auto scan = in.Scan(call.first, call.count);
   uint64_t at = call.first;
-  while (true) {
+  ShareClock clock(call);
+  while (!clock.Over()) {
     auto block = scan.Next();
     if (!block.ok())
       return TaskFailed(reply, block.code(), "reading the input",
                         block.message());
     if (block->empty()) break;
-    for (const T& v : *block) fn(ctx, at++, v);
+    for (const T& v : *block) {
+      fn(ctx, at++, v);
+      if (clock.Over()) break;
+    }
   }
   TaskDone(reply, at - call.first);
 }
@@ -335,7 +354,8 @@ void MapThunk(TaskFn f, const silt_context* c, const wire::TaskCall& call,
   uint64_t at = call.first;
   // One block is written while the next is computed.
   std::future<Status> writing;
-  while (true) {
+  ShareClock clock(call);
+  while (!clock.Over()) {
     auto block = scan.Next();
     if (!block.ok())
       return TaskFailed(reply, block.code(), "reading the input",
@@ -343,16 +363,20 @@ void MapThunk(TaskFn f, const silt_context* c, const wire::TaskCall& call,
     if (block->empty()) break;
     std::vector<U> results;
     results.reserve(block->size());
-    for (const T& v : *block) results.push_back(fn(v));
+    for (const T& v : *block) {
+      results.push_back(fn(v));
+      if (clock.Over()) break;
+    }
     if (writing.valid()) {
       Status st = writing.get();
       if (!st.ok())
         return TaskFailed(reply, st.code(), "writing the output", st.message());
     }
+    size_t n = results.size();
     writing = std::async(
         std::launch::async,
         [&out, at, r = std::move(results)] { return out.SetRange(at, r); });
-    at += block->size();
+    at += n;
   }
   if (writing.valid()) {
     Status st = writing.get();

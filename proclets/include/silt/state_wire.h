@@ -204,6 +204,11 @@ struct TaskCall {
   JobKind kind = JobKind::kSpawn;
   std::string_view task, input, output, argument;
   uint64_t first = 0, count = 0;
+  // ParallelFor and Map: stop after this many microseconds of wall time (at
+  // least one element) and report how far the share got; the executor hands
+  // out the rest. A share on a node that slowed down (its CPU taken) so
+  // gives the rest back within one budget. 0: no limit.
+  uint64_t budget_us = 0;
 };
 
 inline void WriteTaskCall(std::string* out, const TaskCall& t) {
@@ -215,6 +220,7 @@ inline void WriteTaskCall(std::string* out, const TaskCall& t) {
   w.U64(t.first);
   w.U64(t.count);
   w.Str(t.argument);
+  w.U64(t.budget_us);  // last: readers of older bundles stop before it
 }
 
 inline bool ReadTaskCall(std::string_view in, TaskCall* t) {
@@ -224,6 +230,7 @@ inline bool ReadTaskCall(std::string_view in, TaskCall* t) {
       !r.Str(&t->output) || !r.U64(&t->first) || !r.U64(&t->count) ||
       !r.Str(&t->argument))
     return false;
+  if (!r.U64(&t->budget_us)) t->budget_us = 0;  // from an older invoker
   t->kind = static_cast<JobKind>(kind);
   return t->kind == JobKind::kParallelFor || t->kind == JobKind::kMap ||
          t->kind == JobKind::kSpawn;
