@@ -454,8 +454,7 @@ void Executor::RunShares(std::shared_ptr<Job> job, std::string node) {
         t.budget_us = static_cast<uint64_t>(
             std::chrono::duration_cast<std::chrono::microseconds>(
                 options_.share_target)
-                .count() *
-            5 / 4);
+                .count());
       wire::WriteTaskCall(&call, t);
     }
     auto start = Clock::now();
