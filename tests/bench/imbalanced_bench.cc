@@ -17,13 +17,10 @@
 //               deployed on both nodes, unpinned (a compute proclet runs in
 //               an instance of its function, so a node without the function
 //               takes no share). The gateway sends a call to the node with
-//               the most idle instances of the function, round robin on a
-//               tie: the first call goes to node-b, whose instance then
-//               also runs the reduce's spawned tasks (a tie on spare CPU
-//               keeps a spawn local), so node-b keeps the most instances and
-//               the entry instance (produce, the Map's coordinator, reduce)
-//               runs next to the records, on node-b. The bench prints where
-//               the calls went by that rule (imbalanced_calls_to_node_b).
+//               the most idle instances of the function, else to the one
+//               with the most CPU to spare; the bench prints where the calls
+//               went (imbalanced_calls_to_node_a/_b), and with them the
+//               entry instance (produce, the Map's coordinator, reduce).
 //   balanced    one node with both: --cpus 2, --memory a-mib + b-mib.
 // Both setups share the same 2 physical cores of this machine: --cpus only
 // sets each node's cgroup quota and the cores it reports (its compute
