@@ -92,6 +92,9 @@ struct Executor::Job {
   std::map<std::string, Pace> pace ABSL_GUARDED_BY(mu);
   // Where the work ran: elements and shares done, by node address.
   std::map<std::string, std::pair<uint64_t, uint32_t>> ran ABSL_GUARDED_BY(mu);
+  // Elements done so far, at each share's end (unix µs; the first 4096).
+  std::vector<std::pair<int64_t, uint64_t>> progress ABSL_GUARDED_BY(mu);
+  uint64_t done_elements ABSL_GUARDED_BY(mu) = 0;
   std::set<std::string> excluded ABSL_GUARDED_BY(mu);
   std::map<std::string, std::string> names ABSL_GUARDED_BY(mu);  // by address
   bool changed ABSL_GUARDED_BY(mu) = false;  // wakes the job's thread
@@ -340,6 +343,11 @@ std::string Executor::Wait(const std::string& ns, std::string_view request) {
         w.U64(done.first);
         w.U32(done.second);
       }
+      w.U32(static_cast<uint32_t>(job->progress.size()));
+      for (const auto& [at, done] : job->progress) {
+        w.U64(static_cast<uint64_t>(at));
+        w.U64(done);
+      }
     } else {
       reply = Error(job->code, job->outcome);
     }
@@ -584,6 +592,13 @@ void Executor::Account(Job& j, const std::string& node, const Piece& share,
   if (processed < n)  // it ran out of time: the rest goes to whoever is free
     j.pending.push_front({share.first + processed, share.end, share.home});
   j.remaining -= processed;
+  j.done_elements += processed;
+  if (j.progress.size() < 4096)
+    j.progress.emplace_back(
+        std::chrono::duration_cast<std::chrono::microseconds>(
+            std::chrono::system_clock::now().time_since_epoch())
+            .count(),
+        j.done_elements);
   j.ran[node].first += processed;
   j.ran[node].second += 1;
   double rate = secs > 0 ? processed / secs : 0;

@@ -11,8 +11,11 @@
 // the first pulse that showed node-b over its mark to the pulse showing no
 // compute proclet of Silt's left there (every node under its marks, or with
 // nothing movable left); the median over --shifts shifts. decide_ms is how
-// long marking the node and re-routing took. Each job must still give the
-// right answer (checked against the same Map run with no shift).
+// long marking the node and re-routing took. dip_ms: the work the job did not
+// do in the 150 ms after the shift, against going on at once at the rate it
+// settled to, in milliseconds of that rate (from the job's progress: elements
+// done at each share's end). Each job must still give the right answer
+// (checked against the same Map run with no shift).
 //
 // Job time with the shift vs without (same job, quiet cluster, same run) is
 // context: node-b has its CPU taken for most of the job, so the job runs on
@@ -101,6 +104,36 @@ json EventAfter(Cluster& c, uint64_t after, const std::string& type) {
   return json();
 }
 
+int64_t UnixMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The job's throughput dip after a shift at `shift_us`, from its progress
+// ([[unix µs, elements done], ...] at each share's end): the work it did not
+// do in the 150 ms after the shift, compared with going on at once at the
+// rate it settled to (measured over the 300 ms after that), in milliseconds
+// of that rate. 0: it lost nothing to the move. The shares end in steps of
+// ~20 ms of work, so the figure is good to about that.
+double DipMs(const json& progress, int64_t shift_us) {
+  auto done_at = [&](int64_t t) {
+    double done = 0;
+    for (const auto& p : progress)
+      if (p.size() == 2 && p[0].get<int64_t>() <= t)
+        done = std::max(done, p[1].get<double>());
+    return done;
+  };
+  const int64_t window = 150'000, settle = 300'000;
+  double after =
+      (done_at(shift_us + window + settle) - done_at(shift_us + window)) /
+      (settle / 1e6);
+  if (after <= 0) return -1;  // the job ended too soon to say
+  double ideal = done_at(shift_us) + after * (window / 1e6);
+  double lost = ideal - done_at(shift_us + window);
+  return std::max(0.0, lost / after * 1000);
+}
+
 bool StartCluster(Cluster& c, const std::vector<std::string>& extra) {
   for (const char* name : {"node-a", "node-b"}) {
     if (auto s = c.AddNode({.name = name, .cpus = 1, .extra = extra});
@@ -177,7 +210,7 @@ int main(int argc, char** argv) {
   }
   signal(SIGPIPE, SIG_IGN);
   std::string dir = silt::testing::MakeTempDir("silt-bench-rebalance");
-  std::vector<double> rebalance, decide, with_shift, quiet;
+  std::vector<double> rebalance, decide, with_shift, quiet, dip;
   if (shifts > 0) {  // --shifts 0: the pulse cost only
     auto cluster = Cluster::Start(dir + "/shift");
     if (!cluster.ok() || !StartCluster(**cluster, {})) return 2;
@@ -210,7 +243,8 @@ int main(int argc, char** argv) {
       json job;
       t0 = Clock::now();
       std::thread call([&] {
-        job = Call(c, absl::StrCat("op=transform&input=work&output=s", i));
+        job = Call(
+            c, absl::StrCat("op=transform&progress=1&input=work&output=s", i));
       });
       if (!Until([&] { return ComputeOn(c, "node-b") > 0; },
                  std::chrono::seconds(20))) {
@@ -218,6 +252,7 @@ int main(int argc, char** argv) {
         call.join();
         return 2;
       }
+      int64_t shift_us = UnixMicros();
       auto hog = c.StartCpuHog("node-b", 2);
       if (!hog.ok()) {
         fprintf(stderr, "hog: %s\n",
@@ -248,10 +283,12 @@ int main(int argc, char** argv) {
       }
       rebalance.push_back(eq.value("ms", 0.0));
       decide.push_back(mv.value("ms", 0.0));
+      dip.push_back(DipMs(job.value("progress", json::array()), shift_us));
       printf(
-          "shift %d: rebalance_ms=%.1f decide_ms=%.2f job_ms=%.0f (quiet "
-          "%.0f)\n",
-          i, rebalance.back(), decide.back(), with_shift.back(), quiet.back());
+          "shift %d: rebalance_ms=%.1f decide_ms=%.2f dip_ms=%.1f job_ms=%.0f "
+          "(quiet %.0f)\n",
+          i, rebalance.back(), decide.back(), dip.back(), with_shift.back(),
+          quiet.back());
       fflush(stdout);
       // node-b cools before the next shift.
       Until([&] { return !EventAfter(c, after, "cool").is_null(); },
@@ -276,6 +313,7 @@ int main(int argc, char** argv) {
     printf("rebalance_ms_max=%.1f\n",
            *std::max_element(rebalance.begin(), rebalance.end()));
     printf("decide_ms=%.2f\n", Median(decide));
+    printf("dip_ms=%.1f\n", Median(dip));
     printf("job_ms_with_shift=%.0f\n", Median(with_shift));
     printf("job_ms_quiet=%.0f\n", Median(quiet));
   }

@@ -11,7 +11,9 @@
 // POST /function/pipeline?op=... with query parameters:
 //   op=produce&input=records&n=N&rounds=R   append N records (R hash rounds
 //                                           each: the work per record)
-//   op=transform&input=records&output=digests
+//   op=transform&input=records&output=digests[&progress=1]
+//                                           (progress: [[unix µs, done], ...]
+//                                           at each share's end)
 //   op=reduce&input=digests&parts=8
 //   op=run&n=N&rounds=R[&tag=T]             all three on fresh vectors
 //   op=transform-local / op=reduce-local    the same in this instance alone
@@ -200,12 +202,21 @@ std::string Placement(const std::vector<silt::JobPlacement>& ps) {
 
 silt::Status Transform(silt::Context& ctx, const std::string& input,
                        const std::string& output,
-                       std::string* placement = nullptr) {
+                       std::string* placement = nullptr,
+                       std::string* progress = nullptr) {
   auto in = ctx.Vector<Record>(input);
   auto out = ctx.Vector<uint64_t>(output);
   auto job = ctx.Map(in, Digest, out);
   silt::Status st = job.Get();
   if (placement != nullptr) *placement = Placement(job.placement());
+  if (progress != nullptr) {  // [[unix µs, elements done], ...]
+    *progress = "[";
+    for (const auto& p : job.progress())
+      *progress += (progress->size() > 1 ? ",[" : "[") +
+                   std::to_string(p.unix_us) + "," + std::to_string(p.done) +
+                   "]";
+    *progress += "]";
+  }
   return st;
 }
 
@@ -297,12 +308,18 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
                                            {"ms", std::to_string(Ms(start))}}));
   }
   if (op == "transform" || op == "transform-local") {
-    std::string placement = "{}";
-    auto st = op == "transform" ? Transform(ctx, input, output, &placement)
+    std::string placement = "{}", progress = "[]";
+    bool with_progress = Param(req.query, "progress") == "1";
+    auto st = op == "transform" ? Transform(ctx, input, output, &placement,
+                                            with_progress ? &progress : nullptr)
                                 : TransformLocal(ctx, input, output);
     if (auto f = Check(st)) return Fail(*f);
+    if (!with_progress)
+      return silt::Response::Json(200, Json({{"ms", std::to_string(Ms(start))},
+                                             {"placement", placement}}));
     return silt::Response::Json(200, Json({{"ms", std::to_string(Ms(start))},
-                                           {"placement", placement}}));
+                                           {"placement", placement},
+                                           {"progress", progress}}));
   }
   if (op == "reduce" || op == "reduce-local") {
     auto sum = op == "reduce"

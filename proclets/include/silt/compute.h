@@ -39,6 +39,14 @@ struct JobPlacement {
   uint32_t shares = 0;
 };
 
+// How far a ParallelFor or Map had got: elements done by the end of a share
+// (wall clock, microseconds since the Unix epoch), in the order shares
+// ended (the first 4096 shares).
+struct JobProgress {
+  int64_t unix_us = 0;
+  uint64_t done = 0;
+};
+
 // The outcome of a job, once it ends. Movable, not copyable; Get() may be
 // called again and returns the same outcome.
 template <typename T>
@@ -58,6 +66,9 @@ class Future {
   }
   // Once it ended well: where it ran.
   const std::vector<JobPlacement>& placement() const { return placement_; }
+  // Once it ended well: its progress over time (empty for a Spawn, or from
+  // an invoker that does not record it).
+  const std::vector<JobProgress>& progress() const { return progress_; }
   // Waits up to `timeout`; true when the job has ended.
   bool WaitFor(std::chrono::milliseconds timeout) {
     if (!done_) Poll(static_cast<uint32_t>(timeout.count()));
@@ -102,6 +113,14 @@ class Future {
       p.node = std::string(node);
       placement_.push_back(std::move(p));
     }
+    uint32_t m = 0;
+    if (r.U32(&m)) {
+      for (uint32_t i = 0; i < m; ++i) {
+        uint64_t at = 0, done = 0;
+        if (!r.U64(&at) || !r.U64(&done)) break;
+        progress_.push_back({static_cast<int64_t>(at), done});
+      }
+    }
     if constexpr (std::is_same_v<T, Done>) {
       done_ = Result<T>(Done{});
     } else {
@@ -113,6 +132,7 @@ class Future {
   uint64_t id_ = 0;
   std::optional<Result<T>> done_;
   std::vector<JobPlacement> placement_;
+  std::vector<JobProgress> progress_;
 };
 
 namespace internal {
