@@ -697,22 +697,24 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     std::vector<std::string> tried;
   };
 
-  // Caller holds mu. Of the nodes the function's constraints allow (not hot
-  // ones while it may move and another is allowed): the one with the most
-  // idle instances of it, then the fewest calls of it in flight. Where no
-  // node has an idle one (the call starts an instance), the node with room
-  // for the function's memory limit and the most CPU to spare (in quarter
+  // Caller holds mu. Of the nodes the function's constraints allow (a hot
+  // one only when no other is left, while the function may move): the one
+  // with the most idle instances of it, then the fewest calls of it in flight.
+  // Where no node has an idle one (the call starts an instance), the node with
+  // room for the function's memory limit and the most CPU to spare (in quarter
   // cores), then the fewest calls in flight; round robin breaks ties.
   std::shared_ptr<Node> PickLocked(const std::string& key, const Fn& fn,
                                    const std::vector<std::string>& exclude) {
     uint64_t generation = fn.spec.generation();
     uint64_t limit = fn.spec.memory_limit_bytes();
     struct Score {
+      bool cool = true;  // not a hot node the function should stay off
       long idle = 0;
       bool fits = false;
       int spare = 0;  // quarter cores
       int inflight = 0;
       bool Better(const Score& o) const {
+        if (cool != o.cool) return cool;
         if ((idle > 0 || o.idle > 0) && idle != o.idle) return idle > o.idle;
         if (idle <= 0 && fits != o.fits) return fits;
         if (idle <= 0 && spare != o.spare) return spare > o.spare;
@@ -731,12 +733,13 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       if (std::find(exclude.begin(), exclude.end(), node->name) !=
           exclude.end())
         continue;
-      if (!fn.Allows(node->name) || (avoid_hot && node->hot)) continue;
+      if (!fn.Allows(node->name)) continue;
       long ready = 0;
       if (auto it = node->counts.find(key);
           it != node->counts.end() && it->second.generation() == generation)
         ready = it->second.ready();
       Score sc;
+      sc.cool = !(avoid_hot && node->hot);
       sc.inflight = node->inflight[key];
       sc.idle = ready - sc.inflight;
       sc.fits = node->memory == 0 || node->memory_used + limit <= node->memory;
@@ -745,13 +748,6 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
         best = node;
         best_score = sc;
       }
-    }
-    if (!best && avoid_hot) {  // every cool node was tried: a hot one then
-      for (auto& node : order)
-        if (node->hot && fn.Allows(node->name) &&
-            std::find(exclude.begin(), exclude.end(), node->name) ==
-                exclude.end())
-          return node;
     }
     return best;
   }

@@ -264,10 +264,7 @@ struct Rebalancer::Impl {
   // projected under its own low mark.
   void MoveShards(const NodeLoadView& n, const std::vector<NodeLoadView>& nodes,
                   std::map<std::string, uint64_t>& projected) {
-    struct Candidate {
-      ShardView shard;
-    };
-    std::vector<Candidate> cands;
+    std::vector<ShardView> cands;
     bool pinned = false;
     for (const auto& s : directory->List("")) {
       bool may = hooks.may_move(s);
@@ -277,19 +274,17 @@ struct Rebalancer::Impl {
           pinned = true;
           continue;
         }
-        cands.push_back({sh});
+        cands.push_back(sh);
       }
     }
     std::sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) {
-      return a.shard.bytes / MigrationMs(a.shard.bytes) >
-             b.shard.bytes / MigrationMs(b.shard.bytes);
+      return a.bytes / MigrationMs(a.bytes) > b.bytes / MigrationMs(b.bytes);
     });
     double low = options.memory_low * static_cast<double>(n.memory);
     Episode& ep = open[n.name];
     std::string why;
-    for (const auto& c : cands) {
+    for (const ShardView& sh : cands) {
       if (static_cast<double>(projected[n.name]) <= low) break;
-      const ShardView& sh = c.shard;
       std::string dest;
       double room = 0;
       for (const auto& m : nodes) {
@@ -345,23 +340,17 @@ struct Rebalancer::Impl {
     for (const auto& [name, ep] : open)
       if (ep.since <= first) first = ep.since, reason = ep.reason;
     std::vector<std::string> done;
-    for (const auto& n : nodes) {
-      auto it = open.find(n.name);
-      if (it == open.end()) continue;
+    for (const auto& [name, ep] : open) {
+      auto n = std::find_if(nodes.begin(), nodes.end(),
+                            [&](const auto& v) { return v.name == name; });
       bool relieved =
-          it->second.reason == MoveReason::kMemoryHigh
-              ? static_cast<double>(n.memory_used) <=
-                    options.memory_high * static_cast<double>(n.memory)
-              : (!hot.contains(n.name) && !cpu_over.contains(n.name)) ||
-                    (hot.contains(n.name) && n.tasks == 0);
-      if (relieved) done.push_back(n.name);
-    }
-    for (auto it = open.begin(); it != open.end();) {
-      bool gone = std::none_of(nodes.begin(), nodes.end(), [&](const auto& n) {
-        return n.name == it->first;
-      });
-      if (gone) done.push_back(it->first);
-      ++it;
+          n == nodes.end() ||  // the node is gone
+          (ep.reason == MoveReason::kMemoryHigh
+               ? static_cast<double>(n->memory_used) <=
+                     options.memory_high * static_cast<double>(n->memory)
+           : hot.contains(name) ? n->tasks == 0
+                                : !cpu_over.contains(name));
+      if (relieved) done.push_back(name);
     }
     for (const auto& d : done) open.erase(d);
     if (!done.empty() && open.empty())

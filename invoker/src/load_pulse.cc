@@ -18,12 +18,10 @@ std::optional<v1::Pulse> LoadPulse::Next(const Sample& s, bool force) {
   double secs = std::chrono::duration<double>(s.at - first.at).count();
   if (samples_.size() < 2 || secs <= 0) return std::nullopt;
   v1::Pulse p;
-  p.set_cpu_used(s.cpu_nanos >= first.cpu_nanos
-                     ? (s.cpu_nanos - first.cpu_nanos) / 1e9 / secs
-                     : 0);
   uint64_t total = s.cpu_nanos - std::min(s.cpu_nanos, first.cpu_nanos);
   uint64_t ours = s.instances_cpu_nanos -
                   std::min(s.instances_cpu_nanos, first.instances_cpu_nanos);
+  p.set_cpu_used(total / 1e9 / secs);
   p.set_cpu_foreign(total > ours ? (total - ours) / 1e9 / secs : 0);
   p.set_memory_used(s.memory_used);
   p.set_tasks(s.tasks);

@@ -106,14 +106,17 @@ absl::StatusOr<std::unique_ptr<NodeCgroup>> NodeCgroup::Create(
 
 namespace {
 
-// One cgroup file's text (small: read with plain syscalls, as load pulses
-// read these every few milliseconds).
-std::string ReadSmall(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
+// A small file's text, read with plain syscalls from offset 0 (cgroup files
+// give their current value on every such read): load pulses read these every
+// few milliseconds. With `fd`, the file is kept open there between reads.
+std::string ReadSmall(const std::string& path, int* fd = nullptr) {
+  int own = -1;
+  if (fd == nullptr) fd = &own;
+  if (*fd < 0) *fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (*fd < 0) return "";
   char buf[1024];
-  ssize_t n = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
+  ssize_t n = pread(*fd, buf, sizeof(buf) - 1, 0);
+  if (own >= 0) close(own);
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
 }
 
@@ -121,37 +124,24 @@ uint64_t FirstNumber(const std::string& text) {
   return strtoull(text.c_str(), nullptr, 10);
 }
 
-uint64_t ReadCpuNanos(const std::string& dir, bool v2) {
-  if (!v2) return FirstNumber(ReadSmall(dir + "/cpuacct.usage"));
-  std::string stat = ReadSmall(dir + "/cpu.stat");
-  size_t at = stat.find("usage_usec ");
+// CPU time from cpuacct.usage (v1, nanoseconds) or cpu.stat (v2, usage_usec).
+uint64_t CpuNanosOf(const std::string& text, bool v2) {
+  if (!v2) return FirstNumber(text);
+  size_t at = text.find("usage_usec ");
   return at == std::string::npos
              ? 0
-             : strtoull(stat.c_str() + at + 11, nullptr, 10) * 1000;
+             : strtoull(text.c_str() + at + 11, nullptr, 10) * 1000;
 }
+
+const char* CpuFile(bool v2) { return v2 ? "/cpu.stat" : "/cpuacct.usage"; }
 
 }  // namespace
 
-// Reads a file kept open (cgroup files re-read from offset 0 give the
-// current value): load pulses read these every few milliseconds.
-std::string NodeCgroup::ReadKept(int* fd, const std::string& path) const {
-  if (*fd < 0) *fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (*fd < 0) return "";
-  char buf[1024];
-  ssize_t n = pread(*fd, buf, sizeof(buf) - 1, 0);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-}
-
 uint64_t NodeCgroup::CpuUsageNanos() const {
-  if (CgroupV2()) {
-    std::string stat = ReadKept(&cpu_fd_, cpu_dir_ + "/cpu.stat");
-    size_t at = stat.find("usage_usec ");
-    return at == std::string::npos
-               ? 0
-               : strtoull(stat.c_str() + at + 11, nullptr, 10) * 1000;
-  }
-  if (cpuacct_dir_.empty()) return 0;
-  return FirstNumber(ReadKept(&cpu_fd_, cpuacct_dir_ + "/cpuacct.usage"));
+  bool v2 = CgroupV2();
+  const std::string& dir = v2 ? cpu_dir_ : cpuacct_dir_;
+  if (dir.empty()) return 0;
+  return CpuNanosOf(ReadSmall(dir + CpuFile(v2), &cpu_fd_), v2);
 }
 
 uint64_t NodeCgroup::InstancesCpuNanos() const {
@@ -161,14 +151,15 @@ uint64_t NodeCgroup::InstancesCpuNanos() const {
   uint64_t sum = 0;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.is_directory(ec)) sum += ReadCpuNanos(e.path().string(), v2);
+    if (e.is_directory(ec))
+      sum += CpuNanosOf(ReadSmall(e.path().string() + CpuFile(v2)), v2);
   return sum;
 }
 
 uint64_t NodeCgroup::MemoryUsageBytes() const {
-  return FirstNumber(ReadKept(
-      &memory_fd_, memory_dir_ + (CgroupV2() ? "/memory.current"
-                                             : "/memory.usage_in_bytes")));
+  return FirstNumber(ReadSmall(
+      memory_dir_ + (CgroupV2() ? "/memory.current" : "/memory.usage_in_bytes"),
+      &memory_fd_));
 }
 
 NodeCgroup::~NodeCgroup() {

@@ -49,11 +49,10 @@ class NodeCgroup {
 
  private:
   NodeCgroup() = default;
-  std::string ReadKept(int* fd, const std::string& path) const;
   std::vector<std::string> dirs_;  // every hierarchy's directory
   std::string memory_dir_, cpu_dir_;
   std::string cpuacct_dir_;                   // v1
-  mutable int cpu_fd_ = -1, memory_fd_ = -1;  // kept open (ReadKept)
+  mutable int cpu_fd_ = -1, memory_fd_ = -1;  // kept open between reads
 };
 
 }  // namespace silt::invoker
