@@ -67,9 +67,12 @@ absl::StatusOr<uint64_t> U64Reply(const std::string& reply,
 }  // namespace
 
 // A part of the input not handed out yet, and the node holding its data.
+// For a vector, [first, end) are element indexes; for a map, scan
+// positions of the entries whose key hash lies in its shard's [lo, hi).
 struct Executor::Piece {
   uint64_t first, end;
   std::string home;
+  uint64_t lo = 0, hi = 0;
 };
 
 struct Executor::Job {
@@ -77,6 +80,7 @@ struct Executor::Job {
   std::string ns, function;
   TaskTarget target;
   JobKind kind = JobKind::kSpawn;
+  StateKind input_kind = StateKind::kVector;
   std::string task, input, output, argument;
   bool retriable = false;
 
@@ -195,71 +199,21 @@ std::string Executor::Start(const std::string& ns, const std::string& function,
       job->kind == JobKind::kMap || (flags & wire::kJobIdempotent) != 0;
   job->target = options_.target(ns, function);
 
+  job->input_kind = kind;
+  if (job->kind != JobKind::kSpawn && kind != StateKind::kMap &&
+      kind != StateKind::kVector)
+    return Error(StateCode::kInvalid,
+                 "ParallelFor and Map run over a vector or a map");
   std::deque<Piece> pieces;
   uint64_t total = 1;
   if (job->kind == JobKind::kSpawn) {
     pieces.push_back({0, 1, options_.data_address});
+  } else if (kind == StateKind::kMap) {
+    std::string error = MapPieces(*job, first, count, &pieces, &total);
+    if (!error.empty()) return error;
   } else {
-    if (!wire::ValidStructureName(job->input))
-      return Error(StateCode::kInvalid,
-                   absl::StrCat("invalid vector name \"", job->input, "\""));
-    if (job->kind == JobKind::kMap && !wire::ValidStructureName(job->output))
-      return Error(
-          StateCode::kInvalid,
-          absl::StrCat("invalid output vector name \"", job->output, "\""));
-    auto layout = options_.layout(ns, job->input);
-    if (!layout.ok()) {
-      if (absl::IsNotFound(layout.status()))
-        return Error(
-            StateCode::kNotFound,
-            absl::StrCat("no vector named \"", job->input, "\" in namespace ",
-                         ns, ": a job runs over a vector that exists"));
-      return Error(CodeOf(layout.status()), layout.status().message());
-    }
-    if (layout->kind() != proclets::v1::KIND_VECTOR)
-      return Error(
-          StateCode::kWrongKind,
-          absl::StrCat("\"", job->input, "\" is a ", KindName(layout->kind()),
-                       ", not a vector: ParallelFor and Map run over "
-                       "vectors"));
-    std::string error;
-    auto size = U64Reply(
-        options_.state(ns, function, Request(StateOp::kVecSize, job->input)),
-        &error);
-    if (!size.ok()) return error;
-    uint64_t end = count == wire::kAll ? *size : first + count;
-    if (first > *size || end > *size || end < first)
-      return Error(StateCode::kNotFound,
-                   absl::StrCat("elements [", first, ", ",
-                                count == wire::kAll ? "end" : absl::StrCat(end),
-                                ") are not all in \"", job->input, "\" (",
-                                *size, " elements)"));
-    if (job->kind == JobKind::kMap) {
-      auto grown = U64Reply(
-          options_.state(ns, function,
-                         Request(StateOp::kVecExtend, job->output,
-                                 [&](wire::Writer& w) { w.U64(end); })),
-          &error);
-      if (!grown.ok()) return error;
-    }
-    for (const auto& s : layout->shards()) {
-      uint64_t lo = std::max(first, s.lo());
-      uint64_t hi = std::min(end, s.hi());
-      if (lo < hi) pieces.push_back({lo, hi, s.data_address()});
-    }
-    std::sort(pieces.begin(), pieces.end(),
-              [](const Piece& a, const Piece& b) { return a.first < b.first; });
-    total = end - first;
-    // Cover what the layout did not (it may be stale): run it anywhere.
-    std::deque<Piece> whole;
-    uint64_t at = first;
-    for (auto& p : pieces) {
-      if (p.first > at) whole.push_back({at, p.first, ""});
-      whole.push_back(p);
-      at = p.end;
-    }
-    if (at < end) whole.push_back({at, end, ""});
-    pieces.swap(whole);
+    std::string error = VectorPieces(*job, first, count, &pieces, &total);
+    if (!error.empty()) return error;
   }
 
   {
@@ -303,6 +257,116 @@ std::string Executor::Start(const std::string& ns, const std::string& function,
   std::string reply(1, '\0');
   wire::Writer(&reply).U64(job->id);
   return reply;
+}
+
+// A job over a vector: its range, cut where the layout's shards meet.
+std::string Executor::VectorPieces(Job& job, uint64_t first, uint64_t count,
+                                   std::deque<Piece>* pieces, uint64_t* total) {
+  if (!wire::ValidStructureName(job.input))
+    return Error(StateCode::kInvalid,
+                 absl::StrCat("invalid vector name \"", job.input, "\""));
+  if (job.kind == JobKind::kMap && !wire::ValidStructureName(job.output))
+    return Error(
+        StateCode::kInvalid,
+        absl::StrCat("invalid output vector name \"", job.output, "\""));
+  auto layout = options_.layout(job.ns, job.input);
+  if (!layout.ok()) {
+    if (absl::IsNotFound(layout.status()))
+      return Error(
+          StateCode::kNotFound,
+          absl::StrCat("no vector named \"", job.input, "\" in namespace ",
+                       job.ns, ": a job runs over a vector that exists"));
+    return Error(CodeOf(layout.status()), layout.status().message());
+  }
+  if (layout->kind() != proclets::v1::KIND_VECTOR)
+    return Error(
+        StateCode::kWrongKind,
+        absl::StrCat("\"", job.input, "\" is a ", KindName(layout->kind()),
+                     ", not a vector: ParallelFor and Map run over "
+                     "vectors"));
+  std::string error;
+  auto size = U64Reply(options_.state(job.ns, job.function,
+                                      Request(StateOp::kVecSize, job.input)),
+                       &error);
+  if (!size.ok()) return error;
+  uint64_t end = count == wire::kAll ? *size : first + count;
+  if (first > *size || end > *size || end < first)
+    return Error(StateCode::kNotFound,
+                 absl::StrCat("elements [", first, ", ",
+                              count == wire::kAll ? "end" : absl::StrCat(end),
+                              ") are not all in \"", job.input, "\" (", *size,
+                              " elements)"));
+  if (job.kind == JobKind::kMap) {
+    auto grown =
+        U64Reply(options_.state(job.ns, job.function,
+                                Request(StateOp::kVecExtend, job.output,
+                                        [&](wire::Writer& w) { w.U64(end); })),
+                 &error);
+    if (!grown.ok()) return error;
+  }
+  for (const auto& s : layout->shards()) {
+    uint64_t lo = std::max(first, s.lo());
+    uint64_t hi = std::min(end, s.hi());
+    if (lo < hi) pieces->push_back({lo, hi, s.data_address()});
+  }
+  std::sort(pieces->begin(), pieces->end(),
+            [](const Piece& a, const Piece& b) { return a.first < b.first; });
+  *total = end - first;
+  // Cover what the layout did not (it may be stale): run it anywhere.
+  std::deque<Piece> whole;
+  uint64_t at = first;
+  for (auto& p : *pieces) {
+    if (p.first > at) whole.push_back({at, p.first, ""});
+    whole.push_back(p);
+    at = p.end;
+  }
+  if (at < end) whole.push_back({at, end, ""});
+  pieces->swap(whole);
+  return {};
+}
+
+// A job over a map: every shard's scan positions, each piece at home where
+// the shard is. The layout may be stale: the router joins the answers of
+// the shards a piece's hash range covers now.
+std::string Executor::MapPieces(Job& job, uint64_t first, uint64_t count,
+                                std::deque<Piece>* pieces, uint64_t* total) {
+  if (first != 0 || count != wire::kAll)
+    return Error(StateCode::kInvalid,
+                 "a job over a map runs over all of it (no first or count)");
+  if (!wire::ValidStructureName(job.input))
+    return Error(StateCode::kInvalid,
+                 absl::StrCat("invalid map name \"", job.input, "\""));
+  if (job.kind == JobKind::kMap && !wire::ValidStructureName(job.output))
+    return Error(StateCode::kInvalid,
+                 absl::StrCat("invalid output map name \"", job.output, "\""));
+  auto layout = options_.layout(job.ns, job.input);
+  if (!layout.ok()) {
+    if (absl::IsNotFound(layout.status()))
+      return Error(
+          StateCode::kNotFound,
+          absl::StrCat("no map named \"", job.input, "\" in namespace ", job.ns,
+                       ": a job runs over a map that exists"));
+    return Error(CodeOf(layout.status()), layout.status().message());
+  }
+  if (layout->kind() != proclets::v1::KIND_MAP)
+    return Error(
+        StateCode::kWrongKind,
+        absl::StrCat("\"", job.input, "\" is a ", KindName(layout->kind()),
+                     ", not a map: open it as a Vector to run a job "
+                     "over it"));
+  if (job.kind == JobKind::kMap) {
+    auto out = options_.layout(job.ns, job.output);
+    if (out.ok() && out->kind() != proclets::v1::KIND_MAP)
+      return Error(StateCode::kWrongKind,
+                   absl::StrCat("the output \"", job.output, "\" is a ",
+                                KindName(out->kind()), ", not a map"));
+    if (!out.ok() && !absl::IsNotFound(out.status()))
+      return Error(CodeOf(out.status()), out.status().message());
+  }
+  for (const auto& s : layout->shards())
+    pieces->push_back({0, wire::kScanEnd, s.data_address(), s.lo(), s.hi()});
+  *total = pieces->size() * wire::kScanEnd;
+  return {};
 }
 
 std::string Executor::Wait(const std::string& ns, std::string_view request) {
@@ -457,6 +521,9 @@ void Executor::RunShares(std::shared_ptr<Job> job, std::string node) {
       t.argument = j.argument;
       t.first = share.first;
       t.count = share.end - share.first;
+      t.input_kind = j.input_kind;
+      t.lo = share.lo;
+      t.hi = share.hi;
       // A share that runs long (its node slowed down) hands the rest back.
       if (j.kind != JobKind::kSpawn)
         t.budget_us = static_cast<uint64_t>(
@@ -494,18 +561,24 @@ Executor::Piece Executor::Take(Job& j, const std::string& node) {
     for (auto& [addr, n] : j.want) slots += n;
     slots = std::max(slots, 1);
     double pace = j.pace[node].per_second;
+    // Before a node's pace is known: a few elements (they may be slow), or
+    // a good part of a map's positions (an empty stretch costs nothing; a
+    // share that runs long stops at its time budget anyway).
     uint64_t n =
         pace > 0
             ? static_cast<uint64_t>(
                   pace *
                   std::chrono::duration<double>(options_.share_target).count())
+        : j.input_kind == StateKind::kMap
+            ? pending_total / (4 * slots)
             : std::clamp<uint64_t>(pending_total / (4 * slots), 1, 64);
     // Never more than half of a fair share of what is left: the last shares
     // end together.
     n = std::min(n, std::max<uint64_t>(1, pending_total / (2 * slots)));
     size = std::clamp<uint64_t>(n, 1, size);
   }
-  Piece share{piece.first, piece.first + size, piece.home};
+  Piece share = piece;
+  share.end = piece.first + size;
   piece.first += size;
   if (piece.first == piece.end) j.pending.erase(j.pending.begin() + at);
   return share;
@@ -545,12 +618,15 @@ void Executor::Account(Job& j, const std::string& node, const Piece& share,
   if (j.finished) return;  // failed meanwhile: this share's outcome is moot
   const uint64_t n = share.end - share.first;
   auto range = [&] {
-    return j.kind == JobKind::kSpawn ? std::string()
-                                     : absl::StrCat(" (elements [", share.first,
-                                                    ", ", share.end, "))");
+    if (j.kind == JobKind::kSpawn) return std::string();
+    if (j.input_kind == StateKind::kMap)
+      return absl::StrCat(" (entries of key hashes [", share.lo, ", ", share.hi,
+                          ") at scan positions [", share.first, ", ", share.end,
+                          "))");
+    return absl::StrCat(" (elements [", share.first, ", ", share.end, "))");
   };
   auto again = [&] {
-    j.pending.push_front({share.first, share.end, share.home});
+    j.pending.push_front(share);
     j.excluded.insert(node);
   };
   if (out.how == Outcome::kNotSent ||
@@ -582,24 +658,31 @@ void Executor::Account(Job& j, const std::string& node, const Piece& share,
     j.ran[node] = {1, 1};
     return;
   }
+  // How far the share got (elements, or a map's positions), and for a map
+  // the entries it saw.
   wire::Reader rr(result);
-  uint64_t processed = 0;
-  if (!rr.U64(&processed) || processed == 0 || processed > n)
+  uint64_t processed = 0, elements = 0;
+  if (!rr.U64(&processed) || processed == 0 || processed > n ||
+      (j.input_kind == StateKind::kMap && !rr.U64(&elements)))
     return j.Fail(
         StateCode::kInternal,
         absl::StrCat("compute proclet on node ", j.NodeName(node), range(),
                      " ran over ", processed, " elements instead of ", n));
-  if (processed < n)  // it ran out of time: the rest goes to whoever is free
-    j.pending.push_front({share.first + processed, share.end, share.home});
+  if (processed < n) {  // it ran out of time: the rest goes to whoever is free
+    Piece rest = share;
+    rest.first += processed;
+    j.pending.push_front(rest);
+  }
+  if (j.input_kind != StateKind::kMap) elements = processed;
   j.remaining -= processed;
-  j.done_elements += processed;
+  j.done_elements += elements;
   if (j.progress.size() < 4096)
     j.progress.emplace_back(
         std::chrono::duration_cast<std::chrono::microseconds>(
             std::chrono::system_clock::now().time_since_epoch())
             .count(),
         j.done_elements);
-  j.ran[node].first += processed;
+  j.ran[node].first += elements;
   j.ran[node].second += 1;
   double rate = secs > 0 ? processed / secs : 0;
   auto& pace = j.pace[node].per_second;

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -80,6 +81,12 @@ class Executor {
                     std::string_view request);
   std::string Wait(const std::string& ns, std::string_view request);
   struct Piece;
+  // A job's input cut into pieces, and its total size in their units; or
+  // the error reply.
+  std::string VectorPieces(Job& job, uint64_t first, uint64_t count,
+                           std::deque<Piece>* pieces, uint64_t* total);
+  std::string MapPieces(Job& job, uint64_t first, uint64_t count,
+                        std::deque<Piece>* pieces, uint64_t* total);
   // How a share went: its reply, or that it never reached the node, or that
   // the node was lost after it was sent (it may have run in part).
   struct Outcome {

@@ -1,5 +1,6 @@
 #include "hosted_shard.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -164,6 +165,33 @@ std::string Execute(HostedShard& s, StateOp op, wire::Reader& r) {
         out.push_back(0);
         w.U32(static_cast<uint32_t>(elsewhere.size()));
         for (uint32_t i : elsewhere) w.U32(i);
+        return out;
+      }
+      case StateOp::kMapScan: {  // its part of [lo, hi): the router joins
+        uint64_t lo, hi, from, to;
+        uint32_t max_bytes;
+        if (!r.U64(&lo) || !r.U64(&hi) || !r.U64(&from) || !r.U64(&to) ||
+            !r.U32(&max_bytes))
+          return bad();
+        lo = std::max(lo, s.info.lo());
+        hi = std::min(hi, s.info.hi());  // kOpenEnd is the largest
+        std::string entries;
+        wire::Writer e(&entries);
+        uint32_t n = 0;
+        const uint64_t next =
+            m.Scan(lo, hi, from, to, max_bytes,
+                   [&](uint32_t pos, std::string_view k, std::string_view v) {
+                     e.U32(pos);
+                     e.Str(k);
+                     e.Str(v);
+                     ++n;
+                   });
+        out.push_back(0);
+        w.U64(next);
+        w.U64(s.info.lo());
+        w.U64(s.info.hi());
+        w.U32(n);
+        out += entries;
         return out;
       }
       default:

@@ -31,7 +31,7 @@ namespace silt::invoker {
 namespace pv1 = ::silt::proclets::v1;
 
 // The hi of the last shard of a structure: its range has no end.
-inline constexpr uint64_t kOpenEnd = std::numeric_limits<uint64_t>::max();
+inline constexpr uint64_t kOpenEnd = wire::kOpenEnd;
 
 // In a multi-get reply: the key belongs to another shard.
 inline constexpr uint8_t kNotHere = 2;

@@ -406,6 +406,8 @@ std::string ShardRouter::HandleInstance(const std::string& ns,
       return MultiOp(ns, name, op, args);
     case StateOp::kVecRange:
       return RangeOp(ns, name, args);
+    case StateOp::kMapScan:
+      return ScanOp(ns, name, args);
     case StateOp::kVecSetRange:
       return SetRangeOp(ns, name, args);
     case StateOp::kShareMap:  // the loop serves these itself
@@ -538,6 +540,96 @@ std::string ShardRouter::RangeOp(const std::string& ns, const std::string& name,
   w.U32(static_cast<uint32_t>(vals.size()));
   for (auto& v : vals) w.Str(v);
   return out;
+}
+
+std::string ShardRouter::ScanOp(const std::string& ns, const std::string& name,
+                                std::string_view args) {
+  wire::Reader r(args);
+  uint64_t lo, hi, from, to;
+  uint32_t max_bytes;
+  if (!r.U64(&lo) || !r.U64(&hi) || !r.U64(&from) || !r.U64(&to) ||
+      !r.U32(&max_bytes) || (hi <= lo && hi != kOpenEnd) || from > to ||
+      to > wire::kScanEnd)
+    return Error(StateCode::kInvalid,
+                 "malformed scan request (hash range [lo, hi), positions "
+                 "[from, to) within [0, 2^32))");
+  struct Entry {
+    uint32_t position;
+    std::string_view key, value;
+  };
+  for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+    auto layout = GetLayout(ns, name, StateKind::kMap, attempt > 0);
+    if (!layout.ok())
+      return Error(CodeOf(layout.status()), layout.status().message());
+    if ((*layout)->kind() != pv1::KIND_MAP)
+      return Error(StateCode::kWrongKind,
+                   absl::StrCat("state \"", name, "\" is a ",
+                                KindName((*layout)->kind()), ", not a map"));
+    std::vector<std::pair<uint64_t, uint64_t>> parts;  // [lo, hi) per shard
+    for (const auto& s : (*layout)->shards()) {
+      uint64_t plo = std::max(lo, s.lo()), phi = std::min(hi, s.hi());
+      if (plo < phi || (plo == phi && phi == kOpenEnd && s.hi() == kOpenEnd))
+        parts.emplace_back(plo, phi);
+    }
+    std::sort(parts.begin(), parts.end());
+    // Positions are spread evenly over the shards: each brings its share of
+    // the batch, and they all stop near the same position.
+    const uint32_t per = std::max<uint32_t>(
+        16 << 10, max_bytes / std::max<size_t>(1, parts.size()));
+    std::vector<std::string> replies;
+    replies.reserve(parts.size());  // the entries point into them
+    std::vector<Entry> entries;
+    uint64_t cut = to;
+    bool stale = false;
+    for (const auto& [plo, phi] : parts) {
+      std::string sub;
+      wire::Writer w(&sub);
+      w.U64(plo);
+      w.U64(phi);
+      w.U64(from);
+      w.U64(cut);
+      w.U32(per);
+      replies.push_back(
+          Route(ns, name, StateKind::kMap, plo, StateOp::kMapScan, sub));
+      const std::string& reply = replies.back();
+      if (reply[0] != 0) return reply;
+      wire::Reader rr(std::string_view(reply).substr(1));
+      uint64_t next, slo, shi;
+      uint32_t n;
+      if (!rr.U64(&next) || !rr.U64(&slo) || !rr.U64(&shi) || !rr.U32(&n))
+        return Error(StateCode::kInternal, "bad shard reply");
+      if (slo > plo || (shi != kOpenEnd && (phi == kOpenEnd || shi < phi))) {
+        stale = true;  // the shard split since the layout was cached
+        break;
+      }
+      for (uint32_t i = 0; i < n; ++i) {
+        Entry e;
+        if (!rr.U32(&e.position) || !rr.Str(&e.key) || !rr.Str(&e.value))
+          return Error(StateCode::kInternal, "bad shard reply");
+        entries.push_back(e);
+      }
+      cut = std::min(cut, next);
+    }
+    if (stale) continue;
+    std::stable_sort(
+        entries.begin(), entries.end(),
+        [](const Entry& a, const Entry& b) { return a.position < b.position; });
+    std::string out(1, '\0');
+    wire::Writer w(&out);
+    w.U64(cut);
+    size_t n = 0;
+    while (n < entries.size() && entries[n].position < cut) ++n;
+    w.U32(static_cast<uint32_t>(n));
+    for (size_t i = 0; i < n; ++i) {
+      w.U32(entries[i].position);
+      w.Str(entries[i].key);
+      w.Str(entries[i].value);
+    }
+    return out;
+  }
+  return Error(StateCode::kUnavailable,
+               absl::StrCat("state \"", name,
+                            "\": its shards kept splitting or moving"));
 }
 
 std::string ShardRouter::SetRangeOp(const std::string& ns,

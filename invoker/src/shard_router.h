@@ -97,6 +97,11 @@ class ShardRouter {
                       wire::StateOp op, std::string_view args);
   std::string RangeOp(const std::string& ns, const std::string& name,
                       std::string_view args);
+  // kMapScan over the shards covering its hash range, each asked for its
+  // part of the batch; joined in position order up to where every shard's
+  // answer is complete.
+  std::string ScanOp(const std::string& ns, const std::string& name,
+                     std::string_view args);
   // Sets consecutive elements: one request per shard they fall in.
   std::string SetRangeOp(const std::string& ns, const std::string& name,
                          std::string_view args);

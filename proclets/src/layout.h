@@ -11,9 +11,29 @@
 namespace silt::proclets::layout {
 
 inline constexpr uint32_t kMagic = 0x53544c53;  // "SLTS" in a hex dump.
-inline constexpr uint16_t kFormatVersion = 1;
+inline constexpr uint16_t kFormatVersion = 2;   // 2: homes by scan position
 inline constexpr uint64_t kEmptySlot = 0;
 inline constexpr uint64_t kTombstone = 1;
+// The largest map index (home slots are the top bits of a 32-bit position).
+inline constexpr uint64_t kMaxSlots = uint64_t{1} << 32;
+
+// A map entry's scan position: the low 32 bits of its key hash, reversed
+// (proclets::ScanPosition).
+inline uint32_t Position(uint64_t hash) {
+  uint32_t v = static_cast<uint32_t>(hash);
+  v = ((v >> 1) & 0x55555555u) | ((v & 0x55555555u) << 1);
+  v = ((v >> 2) & 0x33333333u) | ((v & 0x33333333u) << 2);
+  v = ((v >> 4) & 0x0f0f0f0fu) | ((v & 0x0f0f0f0fu) << 4);
+  v = ((v >> 8) & 0x00ff00ffu) | ((v & 0x00ff00ffu) << 8);
+  return (v >> 16) | (v << 16);
+}
+
+// Where linear probing for a key starts in an index of 2^bits slots (bits
+// at most 32): the top bits of its position, so that walking the index in
+// slot order visits entries in (nearly) scan order, whatever its size.
+inline uint64_t Home(uint64_t hash, int bits) {
+  return bits == 0 ? 0 : Position(hash) >> (32 - bits);
+}
 
 struct Prefix {
   uint32_t magic;

@@ -3,8 +3,10 @@
 //   map:    MapHeader @0 | Slot[index_slots] @index_offset | heap of MapEntry
 //           Slot = {KeyHash, entry offset}; offset 0 is an empty slot, 1 a
 //           tombstone (entries are 8-aligned and never at 0). Linear probing
-//           from KeyHash & (slots - 1); the index is rebuilt elsewhere in the
-//           arena past 70% load. MapEntry = {klen, vlen, vcap, 0} key value.
+//           from layout::Home (the top bits of the key's scan position, so
+//           slot order is about scan order); the index is rebuilt elsewhere
+//           in the arena past 70% load. MapEntry = {klen, vlen, vcap, 0} key
+//           value.
 //   vector: VectorHeader @0 | u64 table[table_capacity] | heap of Blob
 //   queue:  QueueHeader @0 | u64 ring[ring_capacity] (power of two; position
 //           p lives at p & (capacity - 1)) | heap of Blob
@@ -307,7 +309,8 @@ Probe MapFind(const Arena& a, uint64_t hash, std::string_view key) {
   const Slot* slots = At<Slot>(a, h->index_offset);
   const uint64_t mask = h->index_slots - 1;
   uint64_t free_slot = UINT64_MAX;
-  for (uint64_t i = hash & mask;; i = (i + 1) & mask) {
+  for (uint64_t i = layout::Home(hash, std::countr_zero(h->index_slots));;
+       i = (i + 1) & mask) {
     const Slot& s = slots[i];
     if (s.offset == kEmptySlot) {
       return {free_slot == UINT64_MAX ? i : free_slot, false};
@@ -323,6 +326,9 @@ Probe MapFind(const Arena& a, uint64_t hash, std::string_view key) {
 // Moves the index to a fresh table sized for n entries, dropping tombstones.
 absl::Status MapRehash(Arena& a, uint64_t n) {
   const uint64_t slots = SlotsFor(n);
+  if (slots > layout::kMaxSlots)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a map shard holds at most ", layout::kMaxSlots / 2, " entries"));
   absl::StatusOr<uint64_t> offset = a.Allocate(slots * sizeof(Slot));
   if (!offset.ok()) return offset.status();
   Slot* fresh = At<Slot>(a, *offset);
@@ -330,9 +336,10 @@ absl::Status MapRehash(Arena& a, uint64_t n) {
   MapHeader* h = MapHead(a);
   const Slot* old = At<Slot>(a, h->index_offset);
   const uint64_t mask = slots - 1;
+  const int bits = std::countr_zero(slots);
   for (uint64_t i = 0; i < h->index_slots; ++i) {
     if (old[i].offset <= kTombstone) continue;
-    uint64_t j = old[i].hash & mask;
+    uint64_t j = layout::Home(old[i].hash, bits);
     while (fresh[j].offset != kEmptySlot) j = (j + 1) & mask;
     fresh[j] = old[i];
   }
@@ -467,6 +474,7 @@ absl::Status MapValidate(const Arena& a) {
   extents.Add(0, sizeof(MapHeader));
   if (h->index_slots == 0 || !std::has_single_bit(h->index_slots) ||
       h->index_slots > a.used() / sizeof(Slot) ||
+      h->index_slots > layout::kMaxSlots ||
       !extents.Add(h->index_offset, h->index_slots * sizeof(Slot))) {
     return absl::DataLossError(
         absl::StrCat("map shard index of ", h->index_slots, " slots at offset ",
@@ -775,6 +783,8 @@ std::optional<ShardKind> ParseShardKind(std::string_view name) {
   return std::nullopt;
 }
 
+uint32_t ScanPosition(uint64_t hash) { return layout::Position(hash); }
+
 // wyhash (the final-4 construction, seed 0, its default secret), reading
 // little-endian. The values are part of the directory's meaning: never change
 // them (shard_test pins a few).
@@ -966,6 +976,63 @@ void MapShard::ForEach(
     const MapEntry* e = At<MapEntry>(arena_, s.offset);
     fn(EntryKey(e), EntryValue(e));
   });
+}
+
+uint64_t MapShard::Scan(
+    uint64_t lo, uint64_t hi, uint64_t from, uint64_t to, size_t max_bytes,
+    const std::function<void(uint32_t, std::string_view, std::string_view)>& fn)
+    const {
+  to = std::min(to, kScanEnd);
+  if (from >= to) return to;
+  const MapHeader* h = MapHead(arena_);
+  const Slot* slots = At<Slot>(arena_, h->index_offset);
+  const uint64_t n = h->index_slots, mask = n - 1;
+  const int bits = std::countr_zero(n);
+  const int shift = 32 - bits;
+  // Home slot k holds positions [k << shift, (k + 1) << shift): the homes
+  // [first, last) cover [from, to). Walking slots in order visits their
+  // entries, except those pushed past the last home taken by probing, which
+  // lie between it and the next empty slot.
+  const uint64_t first = from >> shift;
+  const uint64_t last = ((to - 1) >> shift) + 1;
+  struct Found {
+    uint32_t position;
+    uint64_t offset;
+  };
+  std::vector<Found> found;
+  size_t bytes = 0;
+  uint64_t end = last;  // homes [first, end) are taken
+  // The entry at linear index j (slot j & mask) came from linear home
+  // j - (its distance from its home); it is taken when that home is.
+  auto visit = [&](uint64_t j) {
+    const Slot& s = slots[j & mask];
+    if (s.offset <= kTombstone) return;
+    const uint64_t distance = ((j & mask) - layout::Home(s.hash, bits)) & mask;
+    if (distance > j - first || j - distance >= end) return;
+    if (s.hash < lo || (s.hash >= hi && hi != UINT64_MAX)) return;
+    const uint32_t pos = layout::Position(s.hash);
+    if (pos < from || pos >= to) return;
+    found.push_back({pos, s.offset});
+    const MapEntry* e = At<MapEntry>(arena_, s.offset);
+    bytes += e->klen + e->vlen;
+  };
+  uint64_t j = first;
+  for (; j < last; ++j) {
+    visit(j);
+    if (bytes >= max_bytes) {
+      end = ++j;
+      break;
+    }
+  }
+  for (; j - end < n && slots[j & mask].offset != kEmptySlot; ++j) visit(j);
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+    return a.position < b.position;
+  });
+  for (const Found& f : found) {
+    const MapEntry* e = At<MapEntry>(arena_, f.offset);
+    fn(f.position, EntryKey(e), EntryValue(e));
+  }
+  return end == last ? to : std::min(to, end << shift);
 }
 
 // ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 
@@ -55,11 +56,12 @@ Found Find(const char* arena, size_t size, uint64_t hash, std::string_view key,
     return Found::kTorn;
   const uint64_t slots = h.index_slots;
   if (slots == 0 || (slots & (slots - 1)) != 0 || slots > size / sizeof(Slot) ||
-      h.index_offset > size || slots * sizeof(Slot) > size - h.index_offset)
+      slots > layout::kMaxSlots || h.index_offset > size ||
+      slots * sizeof(Slot) > size - h.index_offset)
     return Found::kTorn;
   const char* index = arena + h.index_offset;
   const uint64_t mask = slots - 1;
-  uint64_t i = hash & mask;
+  uint64_t i = layout::Home(hash, std::countr_zero(slots));
   for (uint64_t seen = 0; seen < slots; ++seen, i = (i + 1) & mask) {
     const auto s = Load<Slot>(index + i * sizeof(Slot));
     if (s.offset == layout::kEmptySlot) return Found::kNo;

@@ -2,7 +2,8 @@
 // network namespaces, joined by veth pairs on a bridge), with the pipeline
 // example (examples/pipeline).
 //
-//   sudo build/tests/bench/bench_compute [--mib 64] [--runs 5]
+//   sudo build/tests/bench/bench_compute [--mib 64] [--runs 5] [--only
+//   vector|map]
 //
 // Remote scan: one compute proclet (ctx.Spawn of the pipeline's ScanRecords,
 // the function pinned to node-b) reads every record of a --mib MiB vector
@@ -12,7 +13,8 @@
 // scan, same code and same data, local; the figure is local time / remote
 // time (1.0: a remote shard costs nothing extra). Scan time is measured
 // inside the task (the job's dispatch is the same in both), the median of
-// --runs after one warm-up.
+// --runs after one warm-up. The same again for the same records in a
+// sharded map (id -> record), read with Map::Scan: remote_map_scan_*.
 #include <signal.h>
 #include <unistd.h>
 
@@ -72,11 +74,14 @@ bool MoveAll(Cluster& c, const std::string& structure,
   return true;
 }
 
-// Scans `runs` times (after a warm-up): the task's scan times.
-std::vector<double> Scans(Cluster& c, int runs, std::string* sum) {
+// Scans `runs` times (after a warm-up): the task's scan times. op: scan (a
+// vector) or scan-map.
+std::vector<double> Scans(Cluster& c, const std::string& op,
+                          const std::string& input, int runs,
+                          std::string* sum) {
   std::vector<double> ms;
   for (int i = 0; i <= runs; ++i) {
-    json r = Call(c, "op=scan&input=scan");
+    json r = Call(c, "op=" + op + "&input=" + input);
     if (r.is_null()) return {};
     *sum = r.value("sum", "");
     if (i > 0) ms.push_back(r.value("scan_ms", 0.0));
@@ -88,10 +93,12 @@ std::vector<double> Scans(Cluster& c, int runs, std::string* sum) {
 
 int main(int argc, char** argv) {
   int mib = 64, runs = 5;
+  std::string only;  // --only vector|map
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--mib") mib = std::max(1, std::atoi(argv[i + 1]));
     if (flag == "--runs") runs = std::max(1, std::atoi(argv[i + 1]));
+    if (flag == "--only") only = argv[i + 1];
   }
   if (geteuid() != 0) {
     fprintf(stderr,
@@ -132,23 +139,34 @@ int main(int argc, char** argv) {
   if (Call(c, absl::StrCat("op=produce&input=scan&rounds=1&n=", n)).is_null())
     return 2;
 
-  std::string local_sum, remote_sum;
-  if (!MoveAll(c, "scan", "node-b")) return 2;
-  std::vector<double> local = Scans(c, runs, &local_sum);
-  if (!MoveAll(c, "scan", "node-a")) return 2;
-  std::vector<double> remote = Scans(c, runs, &remote_sum);
-  if (local.empty() || remote.empty() || local_sum != remote_sum) {
-    fprintf(stderr, "scans failed or disagree (%s vs %s)\n", local_sum.c_str(),
-            remote_sum.c_str());
-    return 1;
+  if (Call(c, absl::StrCat("op=produce-map&input=scanmap&n=", n)).is_null())
+    return 2;
+
+  // The vector, then the map (same records, keyed by id).
+  for (const char* kind : {"vector", "map"}) {
+    const bool map = std::string(kind) == "map";
+    if (!only.empty() && only != kind) continue;
+    const std::string op = map ? "scan-map" : "scan";
+    const std::string input = map ? "scanmap" : "scan";
+    const std::string prefix = map ? "remote_map_scan" : "remote_scan";
+    std::string local_sum, remote_sum;
+    if (!MoveAll(c, input, "node-b")) return 2;
+    std::vector<double> local = Scans(c, op, input, runs, &local_sum);
+    if (!MoveAll(c, input, "node-a")) return 2;
+    std::vector<double> remote = Scans(c, op, input, runs, &remote_sum);
+    if (local.empty() || remote.empty() || local_sum != remote_sum) {
+      fprintf(stderr, "%s scans failed or disagree (%s vs %s)\n", kind,
+              local_sum.c_str(), remote_sum.c_str());
+      return 1;
+    }
+    double l = Median(local), r = Median(remote);
+    printf("%s_mib=%d\n", prefix.c_str(), mib);
+    printf("%s_local_ms=%.1f\n", prefix.c_str(), l);
+    printf("%s_remote_ms=%.1f\n", prefix.c_str(), r);
+    printf("%s_local_mib_per_s=%.0f\n", prefix.c_str(), mib / (l / 1000));
+    printf("%s_remote_mib_per_s=%.0f\n", prefix.c_str(), mib / (r / 1000));
+    printf("%s_vs_local=%.2f\n", prefix.c_str(), l / r);
   }
-  double l = Median(local), r = Median(remote);
-  printf("remote_scan_mib=%d\n", mib);
-  printf("remote_scan_local_ms=%.1f\n", l);
-  printf("remote_scan_remote_ms=%.1f\n", r);
-  printf("remote_scan_local_mib_per_s=%.0f\n", mib / (l / 1000));
-  printf("remote_scan_remote_mib_per_s=%.0f\n", mib / (r / 1000));
-  printf("remote_scan_vs_local=%.2f\n", l / r);
   cluster->reset();
   std::filesystem::remove_all(dir);
   return 0;

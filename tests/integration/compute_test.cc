@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -207,6 +208,87 @@ TEST_F(ComputeTest, ParallelForSeesEveryElementOnce) {
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(r.body, std::to_string(2 * i));
   }
+}
+
+// ParallelFor and Map over a sharded map (4 shards): every entry is seen
+// once, by Map::Scan from a handler and by the jobs' compute proclets.
+TEST_F(ComputeTest, JobsOverAMapSeeEveryEntryOnce) {
+  StartCluster();
+  if (IsSkipped()) return;
+  DeployProbe();
+  auto r = Invoke("probe", "/kv/mput?name=words&shards=4&n=3000&p=k&v=v");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Proclets("words").size(), 4u);
+  r = Invoke("probe", "/kv/scan?name=words");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "3000 3000");
+  r = Invoke("probe", "/compute/map-copy?name=words");
+  ASSERT_EQ(r.status, 200) << r.body;
+  uint64_t entries = 0;  // "node=entries/shares ..."
+  for (size_t at = r.body.find('='); at != std::string::npos;
+       at = r.body.find('=', at + 1))
+    entries += std::stoull(r.body.substr(at + 1));
+  EXPECT_EQ(entries, 3000u) << r.body;
+  r = Invoke("probe", "/kv/mget?name=seen-entries&n=3000&p=k&v=v");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "3000");
+  EXPECT_EQ(Invoke("probe", "/kv/size?name=seen-entries").body, "3000");
+  r = Invoke("probe", "/compute/map-exclaim?name=words&out=loud");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Invoke("probe", "/kv/size?name=loud").body, "3000");
+  EXPECT_EQ(Invoke("probe", "/kv/get?name=loud&k=k17").body, "v17!");
+  EXPECT_EQ(Invoke("probe", "/kv/get?name=loud&k=k2999").body, "v2999!");
+  // Bad input: a vector where a map belongs, the input as its own output.
+  ASSERT_EQ(Invoke("probe", "/vec/push?name=avec&v=1").status, 200);
+  r = Invoke("probe", "/compute/map-copy?name=avec");
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_NE(r.body.find("is a vector, not a map"), std::string::npos) << r.body;
+  r = Invoke("probe", "/compute/map-exclaim?name=words&out=words");
+  EXPECT_EQ(r.status, 400) << r.body;
+}
+
+// A job over a map whose shards migrate while it runs: the router follows
+// them, and every entry is still seen exactly once.
+TEST_F(ComputeTest, AJobOverAMapFollowsShardsThatMove) {
+  StartCluster();
+  if (IsSkipped()) return;
+  DeployProbe();
+  constexpr int kEntries = 40000;
+  auto put = Invoke(
+      "probe",
+      absl::StrCat("/kv/mput?name=moving&shards=4&n=", kEntries, "&p=k&v=v"));
+  ASSERT_EQ(put.status, 200) << put.body;
+  std::atomic<bool> ended{false};
+  deploy::HttpResult job;
+  std::thread run([&] {
+    job = Invoke("probe", "/compute/map-copy?name=moving");
+    ended = true;
+  });
+  // Once the job has copied some entries, move every shard to the other
+  // node.
+  while (!ended && Invoke("probe", "/kv/size?name=seen-entries").body == "0")
+    std::this_thread::yield();
+  int moved = 0;
+  for (const auto& p : Proclets("moving")) {
+    std::string to = p.value("node", "") == "node-a" ? "node-b" : "node-a";
+    auto r = cluster_->gateway().Call(
+        "POST",
+        absl::StrCat("/system/proclets/", p.value("id", uint64_t{0}),
+                     "/migrate"),
+        json{{"node", to}}.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    moved += r.status == 200 && !ended;
+  }
+  run.join();
+  ASSERT_EQ(job.status, 200) << job.body;
+  EXPECT_GT(moved, 0) << "the job ended before any shard moved";
+  auto r = Invoke(
+      "probe",
+      absl::StrCat("/kv/mget?name=seen-entries&n=", kEntries, "&p=k&v=v"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, std::to_string(kEntries));
+  EXPECT_EQ(Invoke("probe", "/kv/size?name=seen-entries").body,
+            std::to_string(kEntries));
 }
 
 // User code in a compute proclet is sandboxed like any instance: a syscall

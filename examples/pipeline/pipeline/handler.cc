@@ -19,6 +19,8 @@
 //   op=transform-local / op=reduce-local    the same in this instance alone
 //                                           (what the job must agree with)
 //   op=scan&input=records                   one task reads every record
+//   op=produce-map&input=M&n=N              N records into map M (id -> record)
+//   op=scan-map&input=M                     one task reads every record of M
 // Answers JSON; state errors as HTTP codes (404: no such vector, 409: wrong
 // kind, 400: bad input).
 #include <silt/function.h>
@@ -100,6 +102,31 @@ ScanResult ScanRecords(silt::Context& ctx, const Slice& s) {
   return out;
 }
 SILT_TASK(ScanRecords);
+
+// The same over records kept in a sharded map (id -> record), read with
+// Map::Scan.
+ScanResult ScanMapRecords(silt::Context& ctx, const Slice& s) {
+  auto start = std::chrono::steady_clock::now();
+  auto m = ctx.Map<uint64_t, Record>(s.input);
+  auto scan = m.Scan();
+  ScanResult out{0, 0, 0};
+  while (true) {
+    auto batch = scan.Next();
+    if (!batch.ok())
+      throw std::runtime_error("reading records: " + batch.message());
+    if (batch->empty()) break;
+    for (const auto& [id, r] : *batch) {
+      out.sum += r.id;
+      for (char c : r.payload) out.sum += static_cast<uint8_t>(c);
+    }
+    out.records += batch->size();
+  }
+  out.ms = std::chrono::duration<double, std::milli>(
+               std::chrono::steady_clock::now() - start)
+               .count();
+  return out;
+}
+SILT_TASK(ScanMapRecords);
 
 std::string Param(std::string_view query, std::string_view key,
                   std::string fallback = "") {
@@ -188,6 +215,24 @@ silt::Result<uint64_t> Produce(silt::Context& ctx, const std::string& input,
     if (!st.ok()) return silt::Result<uint64_t>(st.code(), st.message());
   }
   return first;
+}
+
+// n records with ids [0, n) into the sharded map `input`.
+silt::Status ProduceMap(silt::Context& ctx, const std::string& input,
+                        uint64_t n) {
+  auto m = ctx.Map<uint64_t, Record>(input);
+  std::vector<std::pair<uint64_t, Record>> batch;
+  for (uint64_t i = 0; i < n; i += batch.size()) {
+    batch.clear();
+    for (uint64_t j = i; j < n && batch.size() < 4096; ++j) {
+      Record r{j, 0, {}};
+      snprintf(r.payload, sizeof(r.payload), "record %llu of the pipeline",
+               static_cast<unsigned long long>(j));
+      batch.emplace_back(j, r);
+    }
+    if (auto st = m.MultiPut(batch); !st.ok()) return st;
+  }
+  return silt::Status(silt::Done{});
 }
 
 // Map's placement as JSON: {"node-a": elements, ...}.
@@ -330,13 +375,19 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
         200, Json({{"sum", "\"" + std::to_string(*sum) + "\""},
                    {"ms", std::to_string(Ms(start))}}));
   }
-  if (op == "scan") {  // one compute proclet reads every record
+  if (op == "produce-map") {
+    uint64_t n = Number(req.query, "n", 10000);
+    if (auto f = Check(ProduceMap(ctx, input, n))) return Fail(*f);
+    return silt::Response::Json(200, Json({{"produced", std::to_string(n)},
+                                           {"ms", std::to_string(Ms(start))}}));
+  }
+  if (op == "scan" || op == "scan-map") {  // one compute proclet reads all
     Slice s{};
     if (input.size() >= sizeof(s.input))
       return Fail({silt::StateCode::kInvalid, "name too long"});
     snprintf(s.input, sizeof(s.input), "%s", input.c_str());
     s.count = silt::wire::kAll;
-    auto job = ctx.Spawn(ScanRecords, s);
+    auto job = ctx.Spawn(op == "scan" ? ScanRecords : ScanMapRecords, s);
     const auto& r = job.Get();
     if (auto f = Check(r)) return Fail(*f);
     return silt::Response::Json(

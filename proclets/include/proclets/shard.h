@@ -39,6 +39,15 @@ std::optional<ShardKind> ParseShardKind(std::string_view name);
 // across releases and machines (it is part of the directory's meaning).
 uint64_t KeyHash(std::string_view key);
 
+// Where a map entry comes in a scan: the low 32 bits of its KeyHash,
+// reversed. A shard's index places a key by the hash's low bits, so the
+// entries in a range of positions sit in a range of index slots whatever
+// the index's size; and a range's entries are spread evenly over the
+// shards, whose own ranges split the hash by its high bits. A scan's
+// positions run over [0, kScanEnd).
+uint32_t ScanPosition(uint64_t hash);
+inline constexpr uint64_t kScanEnd = uint64_t{1} << 32;
+
 // The largest key or value a shard takes; bigger is ResourceExhausted.
 inline constexpr size_t kMaxKeyBytes = 64 * 1024;
 inline constexpr size_t kMaxValueBytes = 1024 * 1024;
@@ -155,6 +164,18 @@ class MapShard {
   absl::Status Absorb(const MapShard& other);
   void ForEach(
       const std::function<void(std::string_view, std::string_view)>& fn) const;
+  // Calls fn(position, key, value) for the entries whose KeyHash lies in
+  // [lo, hi) (hi == UINT64_MAX: no upper end) and whose ScanPosition lies in
+  // [from, to), in position order, stopping once about max_bytes of keys
+  // and values were passed (never between two entries of one position).
+  // Returns where the next call goes on from: `to` when it got there.
+  // The views are valid until the next change. Entries that are there from
+  // the first call to the last are seen once however the shard changes in
+  // between (its index grows, it is compacted or migrated).
+  uint64_t Scan(uint64_t lo, uint64_t hi, uint64_t from, uint64_t to,
+                size_t max_bytes,
+                const std::function<void(uint32_t, std::string_view,
+                                         std::string_view)>& fn) const;
 
   Arena& arena() { return arena_; }
   const Arena& arena() const { return arena_; }

@@ -20,8 +20,8 @@
 namespace silt {
 
 struct TaskOptions {
-  // The elements of the input to run over: [first, first + count), to the
-  // end with wire::kAll.
+  // The elements of an input vector to run over: [first, first + count), to
+  // the end with wire::kAll. A job over a map runs over all of it.
   uint64_t first = 0;
   uint64_t count = wire::kAll;
   // Whether fn may run again for an element when the node running it is lost
@@ -140,12 +140,11 @@ namespace internal {
 // Asks the invoker to start a job; its future.
 template <typename T>
 Future<T> StartJob(const silt_state_api* api, wire::JobKind kind,
-                   std::string_view task, std::string_view input,
-                   std::string_view output, std::string_view argument,
-                   const TaskOptions& o) {
+                   wire::StateKind input_kind, std::string_view task,
+                   std::string_view input, std::string_view output,
+                   std::string_view argument, const TaskOptions& o) {
   std::string req;
-  wire::WriteRequestHeader(&req, wire::StateOp::kJobStart,
-                           wire::StateKind::kVector, input);
+  wire::WriteRequestHeader(&req, wire::StateOp::kJobStart, input_kind, input);
   wire::Writer w(&req);
   w.U8(static_cast<uint8_t>(kind));
   w.Str(task);

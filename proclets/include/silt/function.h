@@ -174,7 +174,21 @@ class Context {
   Future<Done> ParallelFor(silt::Vector<std::decay_t<TArg>>& in,
                            void (*fn)(Context&, uint64_t, TArg),
                            TaskOptions options = {}) const {
-    return Start<Done>(wire::JobKind::kParallelFor,
+    return Start<Done>(wire::JobKind::kParallelFor, wire::StateKind::kVector,
+                       reinterpret_cast<internal::TaskFn>(fn), in.name(), {},
+                       {}, options);
+  }
+  // fn(ctx, key, value) for each entry of the map `in`. Entries there for
+  // the whole job are each seen once; entries put or erased meanwhile may
+  // or may not be.
+  template <typename K, typename V, typename KArg, typename VArg>
+  Future<Done> ParallelFor(silt::Map<K, V>& in,
+                           void (*fn)(Context&, KArg, VArg),
+                           TaskOptions options = {}) const {
+    static_assert(std::is_same_v<std::decay_t<KArg>, K> &&
+                      std::is_same_v<std::decay_t<VArg>, V>,
+                  "fn takes the map's key and value types");
+    return Start<Done>(wire::JobKind::kParallelFor, wire::StateKind::kMap,
                        reinterpret_cast<internal::TaskFn>(fn), in.name(), {},
                        {}, options);
   }
@@ -187,7 +201,20 @@ class Context {
       return Future<Done>(StateCode::kInvalid,
                           "Map writes its output into another vector than "
                           "its input");
-    return Start<Done>(wire::JobKind::kMap,
+    return Start<Done>(wire::JobKind::kMap, wire::StateKind::kVector,
+                       reinterpret_cast<internal::TaskFn>(fn), in.name(),
+                       out.name(), {}, options);
+  }
+  // out[key] = fn(value) for each entry of the map `in` (out's other keys
+  // are left as they are).
+  template <typename K, typename U, typename TArg>
+  Future<Done> Map(silt::Map<K, std::decay_t<TArg>>& in, U (*fn)(TArg),
+                   silt::Map<K, U>& out, TaskOptions options = {}) const {
+    if (out.name() == in.name())
+      return Future<Done>(StateCode::kInvalid,
+                          "Map writes its output into another map than its "
+                          "input");
+    return Start<Done>(wire::JobKind::kMap, wire::StateKind::kMap,
                        reinterpret_cast<internal::TaskFn>(fn), in.name(),
                        out.name(), {}, options);
   }
@@ -198,7 +225,7 @@ class Context {
     using Out = std::conditional_t<std::is_void_v<R>, Done, R>;
     std::string encoded;
     Codec<std::decay_t<AArg>>::Encode(arg, &encoded);
-    return Start<Out>(wire::JobKind::kSpawn,
+    return Start<Out>(wire::JobKind::kSpawn, wire::StateKind::kVector,
                       reinterpret_cast<internal::TaskFn>(fn), {}, {}, encoded,
                       options);
   }
@@ -210,14 +237,20 @@ class Context {
  private:
   static std::string_view View(silt_str s) { return {s.data, s.len}; }
   template <typename T>
-  Future<T> Start(wire::JobKind kind, internal::TaskFn fn,
-                  std::string_view input, std::string_view output,
-                  std::string_view argument, const TaskOptions& o) const {
+  Future<T> Start(wire::JobKind kind, wire::StateKind input_kind,
+                  internal::TaskFn fn, std::string_view input,
+                  std::string_view output, std::string_view argument,
+                  const TaskOptions& o) const {
     const internal::TaskEntry* t = internal::FindTask(fn);
     if (t == nullptr)
       return Future<T>(StateCode::kInvalid, internal::NotRegistered());
-    return internal::StartJob<T>(c_->state, kind, t->name, input, output,
-                                 argument, o);
+    if (input_kind == wire::StateKind::kMap &&
+        (o.first != 0 || o.count != wire::kAll))
+      return Future<T>(StateCode::kInvalid,
+                       "a job over a map runs over all of it: leave "
+                       "TaskOptions::first and count as they are");
+    return internal::StartJob<T>(c_->state, kind, input_kind, t->name, input,
+                                 output, argument, o);
   }
   static void WriteLine(FILE* f, std::string_view line) {
     fwrite(line.data(), 1, line.size(), f);
@@ -319,33 +352,150 @@ class ShareClock {
   std::chrono::steady_clock::time_point end_;
 };
 
-template <typename TArg>
+// A share over a map: its entries at scan positions [first, first +
+// count) of one shard's hash range [lo, hi), each passed to fn(key, value)
+// (encoded; an error message, or empty) until the time budget is spent,
+// then flush(last) after each batch. Replies how far it got (in positions)
+// and how many entries it saw. It stops only between positions, so the
+// executor can hand out the rest as a position range.
+template <typename Fn, typename Flush>
+void MapShare(const silt_context* c, const wire::TaskCall& call, Fn fn,
+              Flush flush, std::string* reply) {
+  StructureHandle in(c->state, std::string(call.input), wire::StateKind::kMap,
+                     {});
+  const uint64_t end = call.first + call.count;
+  MapBatches batches(std::move(in), call.lo, call.hi, call.first, end);
+  ShareClock clock(call);
+  uint64_t at = call.first, seen = 0;
+  while (at < end) {
+    auto b = batches.Next();
+    if (!b.ok())
+      return TaskFailed(reply, b.code(), "reading the input", b.message());
+    const size_t n = b->entries.size();
+    size_t i = 0;
+    for (; i < n; ++i) {
+      if (i > 0 && b->positions[i] != b->positions[i - 1] && clock.Over())
+        break;
+      if (std::string err = fn(b->entries[i].first, b->entries[i].second);
+          !err.empty())
+        return TaskFailed(reply, StateCode::kInvalid, "reading the input", err);
+      ++seen;
+    }
+    at = i < n ? b->positions[i] : b->next;  // short: out of time
+    const bool last = i < n || at >= end || clock.Over();
+    if (std::string err = flush(last); !err.empty())
+      return TaskFailed(reply, StateCode::kUnavailable, "writing the output",
+                        err);
+    if (last) break;
+  }
+  std::string r;
+  wire::Writer w(&r);
+  w.U64(at - call.first);
+  w.U64(seen);
+  std::string out;
+  wire::Writer(&out).Str(r);
+  TaskReply(reply, StateCode::kOk, out);
+}
+
+inline constexpr const char* kUndecodable =
+    "a stored entry does not decode as the task's types";
+
+template <typename KArg, typename TArg>
 void ParallelForThunk(TaskFn f, const silt_context* c,
                       const wire::TaskCall& call, std::string* reply) {
+  using K = std::decay_t<KArg>;
   using T = std::decay_t<TArg>;
-  auto fn = reinterpret_cast<void (*)(Context&, uint64_t, TArg)>(f);
+  auto fn = reinterpret_cast<void (*)(Context&, KArg, TArg)>(f);
   Context ctx(c);
-  silt::Vector<T> in(c->state, std::string(call.input));
-  auto scan = in.Scan(call.first, call.count);
-  uint64_t at = call.first;
-  ShareClock clock(call);
-  while (!clock.Over()) {
-    auto block = scan.Next();
-    if (!block.ok())
-      return TaskFailed(reply, block.code(), "reading the input",
-                        block.message());
-    if (block->empty()) break;
-    for (const T& v : *block) {
-      fn(ctx, at++, v);
-      if (clock.Over()) break;
-    }
+  if (call.input_kind == wire::StateKind::kMap) {
+    return MapShare(
+        c, call,
+        [&](const std::string& k, const std::string& v) -> std::string {
+          K key{};
+          T value{};
+          if (!Codec<K>::Decode(k, &key) || !Codec<T>::Decode(v, &value))
+            return kUndecodable;
+          fn(ctx, key, value);
+          return {};
+        },
+        [](bool) { return std::string(); }, reply);
   }
-  TaskDone(reply, at - call.first);
+  if constexpr (!std::is_same_v<K, uint64_t>) {
+    return TaskReply(reply, StateCode::kInvalid,
+                     "task " + std::string(call.task) +
+                         " takes a map's entries, not a vector's elements");
+  } else {
+    silt::Vector<T> in(c->state, std::string(call.input));
+    auto scan = in.Scan(call.first, call.count);
+    uint64_t at = call.first;
+    ShareClock clock(call);
+    while (!clock.Over()) {
+      auto block = scan.Next();
+      if (!block.ok())
+        return TaskFailed(reply, block.code(), "reading the input",
+                          block.message());
+      if (block->empty()) break;
+      for (const T& v : *block) {
+        fn(ctx, at++, v);
+        if (clock.Over()) break;
+      }
+    }
+    TaskDone(reply, at - call.first);
+  }
+}
+
+// Map over a map: out[key] = fn(value), the key passed through as stored;
+// each batch's results go out in one multi-put while the next batch is
+// computed.
+template <typename U, typename TArg>
+void MapOverMap(TaskFn f, const silt_context* c, const wire::TaskCall& call,
+                std::string* reply) {
+  using T = std::decay_t<TArg>;
+  auto fn = reinterpret_cast<U (*)(TArg)>(f);
+  StructureHandle out(c->state, std::string(call.output), wire::StateKind::kMap,
+                      {});
+  std::string entries;  // the batch's (key, result) pairs
+  uint32_t count = 0;
+  std::future<std::string> writing;  // the last multi-put: its error
+  auto flush = [&](bool last) -> std::string {
+    std::string err = writing.valid() ? writing.get() : std::string();
+    if (!err.empty()) return err;
+    if (count > 0) {
+      std::string req = out.Begin(wire::StateOp::kMapMultiPut);
+      wire::Writer(&req).U32(count);
+      req += entries;
+      entries.clear();
+      count = 0;
+      writing = std::async(std::launch::async, [&out, req = std::move(req)] {
+        std::string body, msg;
+        return out.Run(req, &body, &msg) == StateCode::kOk ? std::string()
+                                                           : msg;
+      });
+    }
+    if (last && writing.valid()) return writing.get();
+    return {};
+  };
+  MapShare(
+      c, call,
+      [&](const std::string& k, const std::string& v) -> std::string {
+        T value{};
+        if (!Codec<T>::Decode(v, &value)) return kUndecodable;
+        std::string result;
+        Codec<U>::Encode(fn(value), &result);
+        wire::Writer w(&entries);
+        w.Str(k);
+        w.Str(result);
+        ++count;
+        return {};
+      },
+      flush, reply);
 }
 
 template <typename U, typename TArg>
 void MapThunk(TaskFn f, const silt_context* c, const wire::TaskCall& call,
               std::string* reply) {
+  if (call.input_kind == wire::StateKind::kMap)
+    return MapOverMap<U, TArg>(f, c, call, reply);
   using T = std::decay_t<TArg>;
   auto fn = reinterpret_cast<U (*)(TArg)>(f);
   silt::Vector<T> in(c->state, std::string(call.input));
@@ -409,10 +559,10 @@ void SpawnThunk(TaskFn f, const silt_context* c, const wire::TaskCall& call,
 
 // SILT_TASK's registration: the overload follows fn's signature.
 struct TaskRegistrar {
-  template <typename TArg>
-  TaskRegistrar(const char* name, void (*fn)(Context&, uint64_t, TArg)) {
+  template <typename KArg, typename TArg>
+  TaskRegistrar(const char* name, void (*fn)(Context&, KArg, TArg)) {
     Add(name, reinterpret_cast<TaskFn>(fn), wire::JobKind::kParallelFor,
-        &ParallelForThunk<TArg>);
+        &ParallelForThunk<KArg, TArg>);
   }
   template <typename U, typename TArg>
   TaskRegistrar(const char* name, U (*fn)(TArg)) {

@@ -236,6 +236,84 @@ Result<std::vector<T>> FetchRange(StructureHandle& h, uint64_t first,
   return DecodeRange<T>(body);
 }
 
+// A kMapScan batch: raw entries in scan position order, and where the next
+// batch starts.
+struct MapBatch {
+  std::vector<uint32_t> positions;
+  std::vector<std::pair<std::string, std::string>> entries;  // encoded
+  uint64_t next = 0;
+};
+
+inline Result<MapBatch> FetchMapBatch(StructureHandle& h, uint64_t lo,
+                                      uint64_t hi, uint64_t from, uint64_t to,
+                                      uint32_t max_bytes) {
+  std::string req = h.Begin(wire::StateOp::kMapScan), body, msg;
+  wire::Writer w(&req);
+  w.U64(lo);
+  w.U64(hi);
+  w.U64(from);
+  w.U64(to);
+  w.U32(max_bytes);
+  StateCode c = h.Run(req, &body, &msg);
+  if (c != StateCode::kOk) return Fail<MapBatch>(c, msg);
+  wire::Reader r(body);
+  MapBatch b;
+  uint32_t n;
+  if (!r.U64(&b.next) || !r.U32(&n) || b.next < from || b.next > to)
+    return Fail<MapBatch>(StateCode::kInternal, "bad reply");
+  b.positions.reserve(n);
+  b.entries.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t pos;
+    std::string_view k, v;
+    if (!r.U32(&pos) || !r.Str(&k) || !r.Str(&v))
+      return Fail<MapBatch>(StateCode::kInternal, "bad reply");
+    b.positions.push_back(pos);
+    b.entries.emplace_back(k, v);
+  }
+  return Result<MapBatch>(std::move(b));
+}
+
+// Reads the entries of a map (those whose key hash lies in [lo, hi), at
+// scan positions [from, to)) batch by batch; while the caller works on one
+// batch the next one is already being fetched.
+class MapBatches {
+ public:
+  static constexpr uint32_t kBatchBytes = 256 << 10;
+  MapBatches(StructureHandle h, uint64_t lo, uint64_t hi, uint64_t from,
+             uint64_t to)
+      : h_(std::move(h)), lo_(lo), hi_(hi), at_(from), to_(to) {}
+  MapBatches(const MapBatches&) = delete;  // its fetch in flight points at it
+  MapBatches& operator=(const MapBatches&) = delete;
+
+  // The next batch: no entries and next() == to at the end.
+  Result<MapBatch> Next() {
+    if (!ahead_.valid()) Prefetch();
+    if (!ahead_.valid()) {
+      MapBatch end;
+      end.next = to_;
+      return Result<MapBatch>(std::move(end));
+    }
+    Result<MapBatch> b = ahead_.get();
+    if (b.ok()) {
+      at_ = b->next;
+      Prefetch();
+    }
+    return b;
+  }
+
+ private:
+  void Prefetch() {
+    if (at_ >= to_) return;
+    ahead_ = std::async(std::launch::async, [this, from = at_] {
+      return FetchMapBatch(h_, lo_, hi_, from, to_, kBatchBytes);
+    });
+  }
+  StructureHandle h_;  // used by one fetch at a time
+  uint64_t lo_, hi_, at_, to_;
+  std::future<Result<MapBatch>> ahead_;
+};
+
 }  // namespace internal
 
 // A sharded hash map K -> V.
@@ -312,6 +390,47 @@ class Map {
     StateCode c = h_.Run(req, &body, &msg);
     return c == StateCode::kOk ? Status(Done{}) : Status(c, msg);
   }
+
+  // Reads every entry, batch by batch, in no particular order (by a hash
+  // of the key) and wherever its shards are: while the caller works on one
+  // batch the next is already being fetched, from every shard at once.
+  // Entries that are there from the first batch to the last are each seen
+  // once, even as shards split or move; entries put or erased meanwhile
+  // may or may not be seen.
+  class Scanner {
+   public:
+    // The next batch: empty at the end.
+    Result<std::vector<std::pair<K, V>>> Next() {
+      using Out = std::vector<std::pair<K, V>>;
+      Out out;
+      while (out.empty()) {
+        auto b = batches_.Next();
+        if (!b.ok()) return internal::Fail<Out>(b.code(), b.message());
+        if (b->entries.empty() && b->next >= wire::kScanEnd) break;
+        out.reserve(b->entries.size());
+        for (const auto& [k, v] : b->entries) {
+          std::pair<K, V> e{};
+          if (!Codec<K>::Decode(k, &e.first) || !Codec<V>::Decode(v, &e.second))
+            return internal::Fail<Out>(
+                StateCode::kInvalid,
+                "stored entry does not decode as this map's types");
+          out.push_back(std::move(e));
+        }
+      }
+      return Result<Out>(std::move(out));
+    }
+    Scanner(const Scanner&) = delete;
+    Scanner& operator=(const Scanner&) = delete;
+
+   private:
+    friend class Map;
+    explicit Scanner(internal::StructureHandle h)
+        : batches_(std::move(h), 0, wire::kOpenEnd, 0, wire::kScanEnd) {}
+    internal::MapBatches batches_;
+  };
+  Scanner Scan() const { return Scanner(h_); }
+
+  const std::string& name() const { return h_.name(); }
 
  private:
   Result<bool> KeyOp(wire::StateOp op, const K& key) {

@@ -35,11 +35,19 @@ enum class StateOp : uint8_t {
   kMapSize = 14,      // -> u64
   kMapMultiGet = 15,  // u32 n, n x str -> u32 n, n x (u8 found, str)
   kMapMultiPut = 16,  // u32 n, n x (str, str)
-  kVecPush = 20,      // str -> u64 index
-  kVecGet = 21,       // u64 index -> str
-  kVecSet = 22,       // u64 index, str
-  kVecSize = 23,      // -> u64
-  kVecRange = 24,     // u64 first, u64 n -> u32 n, n x str
+  // The entries whose key hash lies in [lo, hi) (hi = kOpenEnd: no upper
+  // end) and whose scan position (the key hash's low 32 bits reversed) lies
+  // in [from, to), to = at most kScanEnd, in position order, about max_bytes
+  // of them: u64 lo, u64 hi, u64 from, u64 to, u32 max_bytes -> u64 next
+  // (where to go on from; `to` when the range is done), u32 n, n x (u32
+  // position, str key, str value). A shard answers for its part of [lo, hi)
+  // and adds u64 lo, u64 hi of its own range after `next`.
+  kMapScan = 17,
+  kVecPush = 20,   // str -> u64 index
+  kVecGet = 21,    // u64 index -> str
+  kVecSet = 22,    // u64 index, str
+  kVecSize = 23,   // -> u64
+  kVecRange = 24,  // u64 first, u64 n -> u32 n, n x str
   // u64 first, u32 n, n x str -> u32 set (a shard: how many of them fall in
   // its range; the instance's invoker: all n, or an error)
   kVecSetRange = 25,
@@ -50,13 +58,14 @@ enum class StateOp : uint8_t {
   // Compute jobs (silt/function.h: ParallelFor, Map, Spawn), served by the
   // instance's invoker, which splits them into compute proclets run by
   // instances of the same function on nodes with free CPU. The header names
-  // the input structure (a vector; empty for a spawn).
+  // the input structure and its kind (a vector or a map; empty for a
+  // spawn).
   // u8 JobKind, str task, str output, u64 first, u64 count (kAll: to the
   // end), str argument, u8 flags (JobFlags) -> u64 job id
   kJobStart = 40,
   // u64 job id, u32 timeout_ms (0: no wait) -> str result, u32 n, n x (str
-  // node, u64 elements, u32 shares) | kRetry while it runs | the job's error
-  // (its id is then forgotten)
+  // node, u64 elements, u32 shares), u32 m, m x (u64 unix_us, u64 done) |
+  // kRetry while it runs | the job's error (its id is then forgotten)
   kJobWait = 41,
 };
 
@@ -74,6 +83,10 @@ enum JobFlags : uint8_t {
 
 // A job's count meaning "to the end of the input".
 inline constexpr uint64_t kAll = ~uint64_t{0};
+// The end of a map's key hash space (an open upper end) and of its scan
+// positions.
+inline constexpr uint64_t kOpenEnd = ~uint64_t{0};
+inline constexpr uint64_t kScanEnd = uint64_t{1} << 32;
 
 enum class StateKind : uint8_t { kMap = 1, kVector = 2, kQueue = 3 };
 
@@ -199,7 +212,9 @@ inline bool ReadRequestHeader(Reader* r, StateOp* op, StateKind* kind,
 
 // One compute proclet's share of a job, as the invoker hands it to an
 // instance (silt_task): elements [first, first + count) of `input` for a
-// ParallelFor or Map, or the argument of a Spawn. Views into the buffer read.
+// ParallelFor or Map over a vector; for one over a map, the entries of its
+// shard [lo, hi) (kMapScan's hash range) at scan positions [first, first +
+// count); or the argument of a Spawn. Views into the buffer read.
 struct TaskCall {
   JobKind kind = JobKind::kSpawn;
   std::string_view task, input, output, argument;
@@ -209,6 +224,8 @@ struct TaskCall {
   // out the rest. A share on a node that slowed down (its CPU taken) so
   // gives the rest back within one budget. 0: no limit.
   uint64_t budget_us = 0;
+  StateKind input_kind = StateKind::kVector;
+  uint64_t lo = 0, hi = 0;
 };
 
 inline void WriteTaskCall(std::string* out, const TaskCall& t) {
@@ -220,7 +237,10 @@ inline void WriteTaskCall(std::string* out, const TaskCall& t) {
   w.U64(t.first);
   w.U64(t.count);
   w.Str(t.argument);
-  w.U64(t.budget_us);  // last: readers of older bundles stop before it
+  w.U64(t.budget_us);  // from here on: readers of older bundles stop before
+  w.U8(static_cast<uint8_t>(t.input_kind));
+  w.U64(t.lo);
+  w.U64(t.hi);
 }
 
 inline bool ReadTaskCall(std::string_view in, TaskCall* t) {
@@ -231,6 +251,11 @@ inline bool ReadTaskCall(std::string_view in, TaskCall* t) {
       !r.Str(&t->argument))
     return false;
   if (!r.U64(&t->budget_us)) t->budget_us = 0;  // from an older invoker
+  uint8_t input_kind = static_cast<uint8_t>(StateKind::kVector);
+  if (r.U8(&input_kind) && (!r.U64(&t->lo) || !r.U64(&t->hi))) return false;
+  t->input_kind = static_cast<StateKind>(input_kind);
+  if (t->input_kind != StateKind::kMap && t->input_kind != StateKind::kVector)
+    return false;
   t->kind = static_cast<JobKind>(kind);
   return t->kind == JobKind::kParallelFor || t->kind == JobKind::kMap ||
          t->kind == JobKind::kSpawn;

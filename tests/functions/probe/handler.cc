@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -82,7 +83,9 @@ silt::Response StateCall(std::string_view path, const silt::Request& req,
   std::string name = Param(req.query, "name");
   if (name.empty()) name = "kv";
   if (path.substr(0, 4) == "/kv/") {
-    auto m = ctx.Map<std::string, std::string>(name);
+    silt::StateOptions o;  // &shards=N: a new map starts with N shards
+    o.initial_shards = std::atoi(Param(req.query, "shards").c_str());
+    auto m = ctx.Map<std::string, std::string>(name, o);
     std::string op(path.substr(4)), k = Param(req.query, "k");
     if (op == "get") {
       auto r = m.Get(k);
@@ -166,6 +169,22 @@ silt::Response StateCall(std::string_view path, const silt::Request& req,
       return r.ok() ? silt::Response::Text(200, "ok")
                     : StateError(r.code(), r.message());
     }
+    if (op == "scan") {  // "<entries seen> <distinct keys>" by Map::Scan
+      auto scan = m.Scan();
+      size_t seen = 0;
+      std::set<std::string> keys;
+      while (true) {
+        auto batch = scan.Next();
+        if (!batch.ok()) return StateError(batch.code(), batch.message());
+        if (batch->empty()) break;
+        for (const auto& [key, value] : *batch) {
+          ++seen;
+          keys.insert(key);
+        }
+      }
+      return silt::Response::Text(
+          200, std::to_string(seen) + " " + std::to_string(keys.size()));
+    }
     if (op == "merase") {  // erases p0..p{n-1}; answers how many were there
       int n = std::atoi(Param(req.query, "n").c_str());
       std::string p = Param(req.query, "p");
@@ -242,11 +261,33 @@ SILT_TASK(CountSeen);
 int64_t Twice(const int64_t& v) { return 2 * v; }
 SILT_TASK(Twice);
 int64_t Twice2(const int64_t& v) { return 2 * v; }  // not registered
+// Over a map: copies each entry it sees into "seen-entries"; appends "!".
+void CopyEntry(silt::Context& ctx, const std::string& k, const std::string& v) {
+  ctx.Map<std::string, std::string>("seen-entries").Put(k, v).ok();
+}
+SILT_TASK(CopyEntry);
+std::string Exclaim(const std::string& v) { return v + "!"; }
+SILT_TASK(Exclaim);
 
 // /compute/{forbidden,count,twice,unregistered}?name=V[&out=W]: a job over
 // vector V; answers "ok" or the job's error as StateError does.
+// /compute/{map-copy,map-exclaim}?name=M[&out=N]: a job over map M; answers
+// where it ran ("node=entries/shares ...").
 silt::Response ComputeCall(std::string_view op, const silt::Request& req,
                            silt::Context& ctx) {
+  if (op == "map-copy" || op == "map-exclaim") {  // jobs over map `name`
+    auto in = ctx.Map<std::string, std::string>(Param(req.query, "name"));
+    auto out = ctx.Map<std::string, std::string>(Param(req.query, "out"));
+    auto job = op == "map-copy" ? ctx.ParallelFor(in, CopyEntry)
+                                : ctx.Map(in, Exclaim, out);
+    silt::Status st = job.Get();
+    if (!st.ok()) return StateError(st.code(), st.message());
+    std::string where;  // "node=entries/shares ..."
+    for (const auto& p : job.placement())
+      where += p.node + "=" + std::to_string(p.elements) + "/" +
+               std::to_string(p.shares) + " ";
+    return silt::Response::Text(200, where);
+  }
   auto in = ctx.Vector<int64_t>(Param(req.query, "name"));
   auto out = ctx.Vector<int64_t>(Param(req.query, "out"));
   silt::Status st = silt::Status(silt::Done{});
