@@ -568,8 +568,7 @@ std::string ShardRouter::ScanOp(const std::string& ns, const std::string& name,
     std::vector<std::pair<uint64_t, uint64_t>> parts;  // [lo, hi) per shard
     for (const auto& s : (*layout)->shards()) {
       uint64_t plo = std::max(lo, s.lo()), phi = std::min(hi, s.hi());
-      if (plo < phi || (plo == phi && phi == kOpenEnd && s.hi() == kOpenEnd))
-        parts.emplace_back(plo, phi);
+      if (plo < phi || phi == kOpenEnd) parts.emplace_back(plo, phi);
     }
     std::sort(parts.begin(), parts.end());
     // Positions are spread evenly over the shards: each brings its share of

@@ -329,10 +329,13 @@ inline void TaskFailed(std::string* reply, StateCode code,
   TaskReply(reply, code, m);
 }
 
-// A processed count as a task's result.
-inline void TaskDone(std::string* reply, uint64_t processed) {
+// A share's result: how far it got (elements, or a map's positions), and
+// for a map the entries it saw.
+inline void TaskDone(std::string* reply, uint64_t processed,
+                     std::optional<uint64_t> seen = std::nullopt) {
   std::string r;
   wire::Writer(&r).U64(processed);
+  if (seen) wire::Writer(&r).U64(*seen);
   std::string out;
   wire::Writer(&out).Str(r);
   TaskReply(reply, StateCode::kOk, out);
@@ -388,13 +391,7 @@ void MapShare(const silt_context* c, const wire::TaskCall& call, Fn fn,
                         err);
     if (last) break;
   }
-  std::string r;
-  wire::Writer w(&r);
-  w.U64(at - call.first);
-  w.U64(seen);
-  std::string out;
-  wire::Writer(&out).Str(r);
-  TaskReply(reply, StateCode::kOk, out);
+  TaskDone(reply, at - call.first, seen);
 }
 
 inline constexpr const char* kUndecodable =
