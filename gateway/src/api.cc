@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <random>
 #include <regex>
@@ -409,7 +410,7 @@ absl::StatusOr<HttpResponse> Api::ListFunctions(const HttpRequest& req) {
     if (!d.ok()) return d.status();
     out.push_back(StatusJson(rec, *d));
   }
-  return HttpResponse::Json(200, out.dump());
+  return HttpResponse::Json(200, JsonText(out));
 }
 
 absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
@@ -489,7 +490,7 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
   }
   if (*min_scale && rec.replicas < **min_scale) rec.replicas = **min_scale;
   if (*max_scale && rec.replicas > **max_scale) rec.replicas = **max_scale;
-  rec.spec = ToJson(*d).dump();
+  rec.spec = JsonText(ToJson(*d));
   store::WriteBatch batch;
   batch.PutFunction(rec);
   if (auto s = store_->Write(batch); !s.ok()) return s;
@@ -499,13 +500,10 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
 
 absl::StatusOr<HttpResponse> Api::DeleteFunction(const HttpRequest& req) {
   if (req.body.empty()) return absl::InvalidArgumentError("expected a body");
-  auto j = ParseJsonObject(req.body);
-  if (!j.ok()) return j.status();
-  std::string name = j->value("functionName", "");
-  std::string body_ns =
-      j->contains("namespace") && (*j)["namespace"].is_string()
-          ? (*j)["namespace"].get<std::string>()
-          : "";
+  auto f = ParseDeleteFunctionRequest(req.body);
+  if (!f.ok()) return f.status();
+  const std::string& name = f->name;
+  const std::string& body_ns = f->ns;
   if (name.empty())
     return absl::InvalidArgumentError("functionName is required");
   auto ns = ResolveNamespace(body_ns, req);
@@ -532,7 +530,7 @@ absl::StatusOr<HttpResponse> Api::GetFunction(const HttpRequest& req,
   if (!rec.ok()) return rec.status();
   auto d = LoadDeployment(*rec);
   if (!d.ok()) return d.status();
-  return HttpResponse::Json(200, StatusJson(*rec, *d).dump());
+  return HttpResponse::Json(200, JsonText(StatusJson(*rec, *d)));
 }
 
 absl::StatusOr<HttpResponse> Api::ScaleFunction(const HttpRequest& req,
@@ -589,7 +587,7 @@ absl::StatusOr<HttpResponse> Api::Info() {
        {{"provider", "silt"}, {"orchestration", "silt"}, {"version", version}}},
       {"version", version},
       {"arch", silt::kArch}};
-  return HttpResponse::Json(200, out.dump());
+  return HttpResponse::Json(200, JsonText(out));
 }
 
 absl::StatusOr<HttpResponse> Api::ListNamespaces() {
@@ -601,7 +599,7 @@ absl::StatusOr<HttpResponse> Api::ListNamespaces() {
     if (it != r.labels.end() && (it->second == "1" || it->second == "true"))
       out.push_back(r.name);
   }
-  return HttpResponse::Json(200, out.dump());
+  return HttpResponse::Json(200, JsonText(out));
 }
 
 absl::StatusOr<HttpResponse> Api::Namespace(const HttpRequest& req,
@@ -612,16 +610,15 @@ absl::StatusOr<HttpResponse> Api::Namespace(const HttpRequest& req,
       return absl::InvalidArgumentError(
           "namespace name is required in the path");
     if (path_ns == kDefaultNamespace) {
-      return HttpResponse::Json(200,
-                                ordered_json({{"name", kDefaultNamespace},
-                                              {"labels", {{"openfaas", "1"}}}})
-                                    .dump());
+      return HttpResponse::Json(
+          200, JsonText(ordered_json({{"name", kDefaultNamespace},
+                                      {"labels", {{"openfaas", "1"}}}})));
     }
     auto rec = store_->GetNamespace(path_ns);
     if (!rec.ok()) return rec.status();
     ordered_json out = {{"name", rec->name}, {"labels", rec->labels}};
     if (!rec->annotations.empty()) out["annotations"] = rec->annotations;
-    return HttpResponse::Json(200, out.dump());
+    return HttpResponse::Json(200, JsonText(out));
   }
   if (m == "POST" || m == "PUT") {
     if (req.body.empty()) return absl::InvalidArgumentError("expected a body");
@@ -707,7 +704,7 @@ absl::StatusOr<HttpResponse> Api::ListSecrets(const HttpRequest& req) {
   ordered_json out = ordered_json::array();
   for (const auto& r : *recs)
     out.push_back({{"name", r.name}, {"namespace", r.ns}});
-  return HttpResponse::Json(200, out.dump());
+  return HttpResponse::Json(200, JsonText(out));
 }
 
 namespace {
@@ -826,7 +823,7 @@ absl::StatusOr<HttpResponse> Api::Logs(const HttpRequest& req) {
               {"instance", l.instance},
               {"timestamp", FormatRfc3339Nano(l.timestamp_unix_nanos)},
               {"text", l.text}};
-          open = write(j.dump() + "\n");
+          open = write(JsonText(j) + "\n");
           return open;
         },
         [&] { return !open || std::chrono::steady_clock::now() > until; });
@@ -929,48 +926,59 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
   nodes_->Invoke(std::move(call), [this, reply = std::move(reply), decorate, fn,
                                    name, request_ct, start](
                                       absl::StatusOr<InvokeResult> r) mutable {
-    HttpResponse res;
-    if (r.ok()) {
-      res.status = r->status;
-      std::string ct;
-      for (auto& [k, v] : r->headers) {
-        if (IsHopByHop(k) || absl::EqualsIgnoreCase(k, "Content-Length"))
-          continue;
-        if (absl::EqualsIgnoreCase(k, "Content-Type")) ct = v;
-        res.headers.emplace_back(std::move(k), std::move(v));
+    // On a gRPC thread, outside the HTTP server's catch: the last line of
+    // defence for this request is here.
+    try {
+      HttpResponse res;
+      if (r.ok()) {
+        res.status = r->status;
+        std::string ct;
+        for (auto& [k, v] : r->headers) {
+          if (IsHopByHop(k) || absl::EqualsIgnoreCase(k, "Content-Length"))
+            continue;
+          if (absl::EqualsIgnoreCase(k, "Content-Type")) ct = v;
+          res.headers.emplace_back(std::move(k), std::move(v));
+        }
+        if (ct.empty()) {
+          res.SetHeader("Content-Type",
+                        request_ct.empty() ? "text/plain" : request_ct);
+        }
+        res.body = std::move(r->body);
+        if (!r->start_tier.empty())
+          metrics_->Start(fn, r->start_tier, r->start_ms / 1000);
+        if (!r->failure.empty()) metrics_->InstanceFailure(fn, r->failure);
+        res.SetHeader("X-Silt-Start", r->start_tier);
+        res.SetHeader("X-Silt-Start-Ms", absl::StrFormat("%.3f", r->start_ms));
+        if (!r->node.empty()) res.SetHeader("X-Silt-Node", r->node);
+      } else if (absl::IsNotFound(r.status())) {
+        res = FunctionNotFound(fn, name);
+      } else if (absl::IsUnavailable(r.status())) {
+        res = HttpResponse::Text(
+            503, absl::StrCat("No endpoints available for: ", name, "."));
+        res.SetHeader("X-OpenFaaS-Internal", "proxy");
+      } else if (absl::IsDeadlineExceeded(r.status())) {
+        res = HttpResponse::Text(504, r.status().message());
+      } else if (absl::IsResourceExhausted(r.status())) {
+        res = HttpResponse::Text(429, r.status().message());
+      } else {
+        res = HttpResponse::Text(
+            502, absl::StrCat("function ", name, ": ", r.status().message()));
+        res.SetHeader("X-OpenFaaS-Internal", "proxy");
       }
-      if (ct.empty()) {
-        res.SetHeader("Content-Type",
-                      request_ct.empty() ? "text/plain" : request_ct);
-      }
-      res.body = std::move(r->body);
-      if (!r->start_tier.empty())
-        metrics_->Start(fn, r->start_tier, r->start_ms / 1000);
-      if (!r->failure.empty()) metrics_->InstanceFailure(fn, r->failure);
-      res.SetHeader("X-Silt-Start", r->start_tier);
-      res.SetHeader("X-Silt-Start-Ms", absl::StrFormat("%.3f", r->start_ms));
-      if (!r->node.empty()) res.SetHeader("X-Silt-Node", r->node);
-    } else if (absl::IsNotFound(r.status())) {
-      res = FunctionNotFound(fn, name);
-    } else if (absl::IsUnavailable(r.status())) {
-      res = HttpResponse::Text(
-          503, absl::StrCat("No endpoints available for: ", name, "."));
-      res.SetHeader("X-OpenFaaS-Internal", "proxy");
-    } else if (absl::IsDeadlineExceeded(r.status())) {
-      res = HttpResponse::Text(504, r.status().message());
-    } else if (absl::IsResourceExhausted(r.status())) {
-      res = HttpResponse::Text(429, r.status().message());
-    } else {
-      res = HttpResponse::Text(
-          502, absl::StrCat("function ", name, ": ", r.status().message()));
-      res.SetHeader("X-OpenFaaS-Internal", "proxy");
+      decorate(res);
+      metrics_->InvocationDone(fn, res.status,
+                               std::chrono::duration<double>(
+                                   std::chrono::steady_clock::now() - start)
+                                   .count());
+      reply(std::move(res));
+    } catch (const std::exception& e) {
+      fprintf(stderr,
+              "silt-gateway: internal error answering a call to %s: %s\n",
+              fn.c_str(), e.what());
+      reply(HttpResponse::Text(
+          500, absl::StrCat("internal error answering a call to ", name,
+                            " (the gateway logged it): ", e.what())));
     }
-    decorate(res);
-    metrics_->InvocationDone(
-        fn, res.status,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count());
-    reply(std::move(res));
   });
   return std::optional<HttpResponse>();
 }
@@ -989,7 +997,7 @@ absl::StatusOr<HttpResponse> Api::PushBundle(const HttpRequest& req) {
                       {"size", put->first.size},
                       {"kind", put->first.manifest.kind},
                       {"created", put->second}};
-  return HttpResponse::Json(put->second ? 201 : 200, out.dump());
+  return HttpResponse::Json(put->second ? 201 : 200, JsonText(out));
 }
 
 absl::StatusOr<HttpResponse> Api::ListBundles() {
@@ -1002,7 +1010,7 @@ absl::StatusOr<HttpResponse> Api::ListBundles() {
                    {"kind", b.manifest.kind},
                    {"name", b.manifest.name}});
   }
-  return HttpResponse::Json(200, out.dump());
+  return HttpResponse::Json(200, JsonText(out));
 }
 
 absl::StatusOr<HttpResponse> Api::ListSnapshots(const HttpRequest& req,
@@ -1033,7 +1041,7 @@ absl::StatusOr<HttpResponse> Api::ListSnapshots(const HttpRequest& req,
                    {"nodes", v.nodes},
                    {"template", v.template_resident}});
   }
-  return HttpResponse::Json(200, out.dump());
+  return HttpResponse::Json(200, JsonText(out));
 }
 
 absl::StatusOr<HttpResponse> Api::DeleteSnapshots(const HttpRequest& req,
@@ -1047,7 +1055,7 @@ absl::StatusOr<HttpResponse> Api::DeleteSnapshots(const HttpRequest& req,
   if (!rec.ok()) return rec.status();
   size_t n = nodes_->DeleteSnapshots(*ns, std::string(name));
   ordered_json out = {{"deleted", n}};
-  return HttpResponse::Json(200, out.dump());
+  return HttpResponse::Json(200, JsonText(out));
 }
 
 absl::StatusOr<HttpResponse> Api::ListNodes() {
@@ -1072,7 +1080,7 @@ absl::StatusOr<HttpResponse> Api::ListNodes() {
          {"procletBytes", n.shard_bytes},
          {"computeProclets", n.tasks}});
   }
-  return HttpResponse::Json(200, out.dump());
+  return HttpResponse::Json(200, JsonText(out));
 }
 
 // ---- metrics port ----

@@ -39,7 +39,7 @@ absl::StatusOr<HttpResponse> Api::ListEvents(const HttpRequest& req) {
     j["detail"] = e.detail;
     out.push_back(std::move(j));
   }
-  return HttpResponse::Json(200, out.dump());
+  return HttpResponse::Json(200, JsonText(out));
 }
 
 }  // namespace silt::gateway

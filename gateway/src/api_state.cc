@@ -75,7 +75,7 @@ absl::StatusOr<HttpResponse> Api::ListProclets(const HttpRequest& req) {
       continue;
     for (const auto& s : v.shards) out.push_back(ShardJson(s));
   }
-  return HttpResponse::Json(200, out.dump());
+  return HttpResponse::Json(200, JsonText(out));
 }
 
 absl::StatusOr<HttpResponse> Api::MigrateProclet(const HttpRequest& req,
@@ -93,7 +93,7 @@ absl::StatusOr<HttpResponse> Api::MigrateProclet(const HttpRequest& req,
         "want a JSON body {\"node\": \"NAME\"} naming the target node");
   auto r = nodes_->directory()->Migrate(id, body["node"].get<std::string>());
   if (!r.ok()) return r.status();
-  return HttpResponse::Json(200, MigrationJson(*r).dump());
+  return HttpResponse::Json(200, JsonText(MigrationJson(*r)));
 }
 
 absl::StatusOr<HttpResponse> Api::GetState(const HttpRequest& req,
@@ -108,13 +108,13 @@ absl::StatusOr<HttpResponse> Api::GetState(const HttpRequest& req,
     ordered_json out = ordered_json::array();
     for (const auto& v : nodes_->directory()->List(ns))
       out.push_back(StructureJson(v, false));
-    return HttpResponse::Json(200, out.dump());
+    return HttpResponse::Json(200, JsonText(out));
   }
   auto ns = ResolveNamespace("", req);
   if (!ns.ok()) return ns.status();
   auto v = nodes_->directory()->Get(*ns, std::string(name));
   if (!v.ok()) return v.status();
-  return HttpResponse::Json(200, StructureJson(*v, true).dump());
+  return HttpResponse::Json(200, JsonText(StructureJson(*v, true)));
 }
 
 absl::StatusOr<HttpResponse> Api::DeleteState(const HttpRequest& req,
@@ -140,7 +140,7 @@ absl::StatusOr<HttpResponse> Api::DrainNode(absl::string_view node) {
   }
   ordered_json out = {{"node", node}, {"moved", ordered_json::array()}};
   for (const auto& r : drained->moved) out["moved"].push_back(MigrationJson(r));
-  return HttpResponse::Json(200, out.dump());
+  return HttpResponse::Json(200, JsonText(out));
 }
 
 }  // namespace silt::gateway

@@ -1,9 +1,11 @@
 #include "http_server.h"
 
+#include <atomic>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cstdio>
 #include <optional>
 #include <thread>
 
@@ -25,6 +27,16 @@ struct Shared {
   HttpServerOptions options;
   Handler handler;
 };
+
+// A handler's unexpected exception as a 500, with a log line.
+HttpResponse InternalError(absl::string_view what, absl::string_view why) {
+  fprintf(stderr, "silt-gateway: internal error serving %.*s: %.*s\n",
+          static_cast<int>(what.size()), what.data(),
+          static_cast<int>(why.size()), why.data());
+  return HttpResponse::Text(500,
+                            absl::StrCat("internal error serving ", what,
+                                         " (the gateway logged it): ", why));
+}
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -114,13 +126,24 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.reset();
 
     // The handler may answer from any thread: hop back onto this connection's
-    // strand.
-    handler_(std::move(req), [self = shared_from_this()](HttpResponse res) {
+    // strand. It answers once; an exception it lets out is answered with 500
+    // here (the last line of defence: never an abort of the daemon).
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    Reply reply = [self = shared_from_this(), answered](HttpResponse res) {
+      if (answered->exchange(true)) return;
       asio::dispatch(self->stream_.get_executor(),
                      [self, res = std::move(res)]() mutable {
                        self->Write(std::move(res), self->keep_alive_);
                      });
-    });
+    };
+    std::string what = absl::StrCat(req.method, " ", req.path);
+    try {
+      handler_(std::move(req), reply);
+    } catch (const std::exception& e) {
+      reply(InternalError(what, e.what()));
+    } catch (...) {
+      reply(InternalError(what, "unknown exception"));
+    }
   }
 
   void FailRead(beast::error_code ec) {
@@ -191,14 +214,20 @@ class Session : public std::enable_shared_from_this<Session> {
       http::response_serializer<http::empty_body> sr{head};
       http::write_header(self->stream_, sr, ec);
       if (!ec) {
-        produce([&](absl::string_view chunk) {
-          if (ec) return false;
-          if (chunk.empty()) return true;
-          asio::write(
-              self->stream_,
-              http::make_chunk(asio::buffer(chunk.data(), chunk.size())), ec);
-          return !ec;
-        });
+        try {
+          produce([&](absl::string_view chunk) {
+            if (ec) return false;
+            if (chunk.empty()) return true;
+            asio::write(
+                self->stream_,
+                http::make_chunk(asio::buffer(chunk.data(), chunk.size())), ec);
+            return !ec;
+          });
+        } catch (const std::exception& e) {
+          // The head is out: end the body early (the client sees a truncated
+          // stream) and say why in the log.
+          InternalError("a streamed response", e.what());
+        }
       }
       if (!ec) asio::write(self->stream_, http::make_chunk_last(), ec);
       asio::post(self->stream_.get_executor(), [self] { self->Close(); });

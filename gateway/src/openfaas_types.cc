@@ -182,6 +182,25 @@ absl::StatusOr<Secret> ParseSecret(absl::string_view body) {
   return s;
 }
 
+absl::StatusOr<FunctionRef> ParseDeleteFunctionRequest(absl::string_view body) {
+  auto j = ParseJsonObject(body);
+  if (!j.ok()) return j.status();
+  FunctionRef f;
+  for (absl::Status st : {GetString(*j, "functionName", f.name),
+                          GetString(*j, "namespace", f.ns)}) {
+    if (!st.ok()) return st;
+  }
+  return f;
+}
+
+std::string JsonText(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string JsonText(const ordered_json& j) {
+  return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
 absl::StatusOr<FunctionNamespace> ParseFunctionNamespace(
     absl::string_view body) {
   auto j = ParseJsonObject(body);

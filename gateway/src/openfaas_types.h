@@ -54,6 +54,12 @@ struct Secret {
   std::string value;  // value, or the decoded rawValue
 };
 
+// DeleteFunctionRequest.
+struct FunctionRef {
+  std::string name;  // functionName
+  std::string ns;    // namespace
+};
+
 struct FunctionNamespace {
   std::string name;
   StringMap labels;
@@ -67,6 +73,7 @@ absl::StatusOr<nlohmann::json> ParseJsonObject(absl::string_view body);
 absl::StatusOr<FunctionDeployment> ParseFunctionDeployment(
     absl::string_view body);
 absl::StatusOr<Secret> ParseSecret(absl::string_view body);
+absl::StatusOr<FunctionRef> ParseDeleteFunctionRequest(absl::string_view body);
 absl::StatusOr<FunctionNamespace> ParseFunctionNamespace(
     absl::string_view body);
 
@@ -76,6 +83,11 @@ nlohmann::ordered_json ToJson(const FunctionDeployment& d);
 // FunctionStatus JSON: labels/annotations always objects, omitempty elsewhere.
 nlohmann::ordered_json ToStatusJson(const FunctionDeployment& d,
                                     const FunctionStatusExtra& extra);
+
+// JSON text of `j`, never throwing: bytes that are not UTF-8 (a function's
+// log line, say) become U+FFFD.
+std::string JsonText(const nlohmann::json& j);
+std::string JsonText(const nlohmann::ordered_json& j);
 
 // Go's time.Time JSON form (RFC 3339 with trailing-zero-trimmed nanoseconds,
 // UTC).

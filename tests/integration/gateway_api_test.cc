@@ -380,6 +380,98 @@ TEST_F(GatewayApiTest, SecretsNeverReturnValues) {
   EXPECT_EQ(json::parse(Call("GET", "/system/secrets").body).size(), 1u);
 }
 
+// Every field of every JSON body, given a value of each wrong type: a clear
+// 4xx naming what to fix, never a 5xx or a dead gateway.
+TEST_F(GatewayApiTest, WrongTypedFieldsAreClearErrorsNotCrashes) {
+  Deploy({{"service", "fn"}, {"image", Img("img")}});
+  ASSERT_EQ(
+      Call("POST", "/system/secrets", R"({"name":"s","value":"v"})").status,
+      201);
+  struct Route {
+    std::string method, path;
+    json base;
+    std::vector<std::string> fields;
+  } routes[] = {
+      {"POST",
+       "/system/functions",
+       {{"service", "fn2"}, {"image", Img("img")}},
+       {"service", "image", "namespace", "envProcess", "envVars", "constraints",
+        "secrets", "labels", "annotations", "limits", "requests",
+        "readOnlyRootFilesystem"}},
+      {"PUT",
+       "/system/functions",
+       {{"service", "fn"}, {"image", Img("img")}},
+       {"service", "image", "namespace", "envVars", "labels", "limits"}},
+      {"DELETE",
+       "/system/functions",
+       {{"functionName", "ghost"}},
+       {"functionName", "namespace"}},
+      {"POST",
+       "/system/scale-function/fn",
+       {{"serviceName", "fn"}, {"replicas", 1}},
+       {"serviceName", "namespace", "replicas"}},
+      {"POST",
+       "/system/secrets",
+       {{"name", "s2"}, {"value", "v"}},
+       {"name", "namespace", "value", "rawValue"}},
+      {"PUT",
+       "/system/secrets",
+       {{"name", "s"}, {"value", "v"}},
+       {"name", "namespace", "value", "rawValue"}},
+      {"DELETE", "/system/secrets", {{"name", "ghost"}}, {"name", "namespace"}},
+      {"POST",
+       "/system/namespace/team",
+       {{"name", "team"}},
+       {"name", "labels", "annotations"}},
+      {"POST", "/system/proclets/1/migrate", {{"node", "a"}}, {"node"}},
+  };
+  const json wrong[] = {1,
+                        -1.5,
+                        true,
+                        json::array(),
+                        json::object(),
+                        json::array({1, "x"}),
+                        json::object({{"k", 1}}),
+                        json::object({{"memory", json::array()}}),
+                        "not-what-you-meant",
+                        ""};
+  int sent = 0;
+  for (const auto& route : routes) {
+    for (const auto& field : route.fields) {
+      for (const auto& value : wrong) {
+        json body = route.base;
+        body[field] = value;
+        auto r = Call(route.method, route.path, body.dump());
+        ++sent;
+        ASSERT_GT(r.status, 0) << route.method << " " << route.path << " "
+                               << body.dump() << ": the gateway is gone";
+        EXPECT_LT(r.status, 500) << route.method << " " << route.path << " "
+                                 << body.dump() << " -> " << r.body;
+        if (r.status >= 400) {
+          EXPECT_FALSE(r.body.empty())
+              << route.method << " " << route.path << " " << body.dump();
+        }
+      }
+    }
+  }
+  // The body itself of the wrong type.
+  for (const auto& route : routes) {
+    for (const char* body : {"[]", "1", "\"x\"", "null", "{\"a\":"}) {
+      auto r = Call(route.method, route.path, body);
+      EXPECT_GE(r.status, 400) << route.method << " " << route.path << " "
+                               << body << " -> " << r.body;
+      EXPECT_LT(r.status, 500) << route.method << " " << route.path << " "
+                               << body << " -> " << r.body;
+    }
+  }
+  EXPECT_GT(sent, 300);
+  EXPECT_EQ(gw_->Call("GET", "/healthz", "", false).status, 200);
+  EXPECT_EQ(Status("fn")["name"], "fn");
+  auto r = Call("DELETE", "/system/functions", R"({"functionName":5})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_TRUE(absl::StrContains(r.body, "functionName")) << r.body;
+}
+
 TEST_F(GatewayApiTest, ScaleStoresReplicasIncludingZero) {
   Deploy(
       {{"service", "fn"},
