@@ -4,14 +4,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/ascii.h"
@@ -752,26 +756,105 @@ print("Hello from )" + name + R"(: " + body)
             << stack_file << std::endl;
 }
 
-// `silt local`: a gateway and one invoker on this machine, as child processes.
-int Local(const std::string& data_dir, const std::string& listen,
-          bool no_auth) {
+// ---- silt local ----
+
+struct LocalOptions {
+  std::string data_dir;
+  std::string listen = "127.0.0.1:8080";  // the gateway's HTTP API
+  // The gateway's invoker-facing gRPC and its metrics port; empty: the host of
+  // `listen`, port 0 (a free port, so two `silt local` never collide).
+  std::string grpc_listen;
+  std::string metrics_listen;
+  bool no_auth = false;
+};
+
+// A daemon binary installed beside this one, or in the build tree.
+std::string FindDaemon(const char* name) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
   fs::path bindir = self.parent_path();
-  auto find = [&](const char* name) -> std::string {
-    for (fs::path p : {bindir / name, bindir.parent_path() / "gateway" / name,
-                       bindir.parent_path() / "invoker" / name}) {
-      if (fs::exists(p)) return p.string();
+  for (fs::path p : {bindir / name, bindir.parent_path() / "gateway" / name,
+                     bindir.parent_path() / "invoker" / name}) {
+    if (fs::exists(p)) return p.string();
+  }
+  Fail(absl::StrCat("cannot find ", name, " next to ", self.string()));
+}
+
+struct Child {
+  pid_t pid = -1;
+  int out = -1;  // its stdout
+};
+
+// Starts `args` with `blocked` unblocked again and its stdout on a pipe.
+Child Spawn(std::vector<std::string> args, const sigset_t& blocked) {
+  int p[2];
+  if (pipe(p) != 0) Fail("pipe failed");
+  pid_t pid = fork();
+  if (pid == 0) {
+    sigprocmask(SIG_UNBLOCK, &blocked, nullptr);
+    dup2(p[1], 1);
+    close(p[0]);
+    close(p[1]);
+    std::vector<char*> a;
+    for (auto& s : args) a.push_back(s.data());
+    a.push_back(nullptr);
+    execv(a[0], a.data());
+    _exit(127);
+  }
+  close(p[1]);
+  return Child{pid, p[0]};
+}
+
+// Reads `fd` until a line starting with `prefix` and returns the rest of it;
+// echoes every other line. Empty if the child closed its stdout first.
+std::string WaitLine(int fd, const std::string& prefix) {
+  std::string buf;
+  char c;
+  while (read(fd, &c, 1) == 1) {
+    if (c != '\n') {
+      buf.push_back(c);
+      continue;
     }
-    Fail(absl::StrCat("cannot find ", name, " next to ", self.string()));
-  };
-  std::string gateway_bin = find("silt-gateway"),
-              invoker_bin = find("silt-invoker");
-  std::string host = listen.substr(0, listen.rfind(':'));
-  bool any_port = absl::EndsWith(listen, ":0");
-  std::string metrics = any_port ? host + ":0" : host + ":8082";
-  std::string grpc = any_port ? host + ":0" : host + ":8081";
+    if (absl::StartsWith(buf, prefix)) return buf.substr(prefix.size());
+    std::cout << buf << std::endl;
+    buf.clear();
+  }
+  return "";
+}
+
+void StopChildren(std::initializer_list<pid_t> children) {
+  for (pid_t pid : children) kill(pid, SIGTERM);
+  for (pid_t pid : children) waitpid(pid, nullptr, 0);
+}
+
+// Polls the gateway until a node is registered (at most ~5 s).
+void WaitRegistered(const LocalOptions& o, const std::string& http_addr) {
+  for (int i = 0; i < 500; ++i) {
+    HttpCall call;
+    call.url = "http://" + http_addr + "/system/nodes";
+    if (!o.no_auth) {
+      std::ifstream in(o.data_dir + "/gateway/secrets/basic-auth-password");
+      call.headers.emplace_back(
+          "Authorization",
+          "Basic " + BasicToken("admin", Trimmed(ReadAll(in))));
+    }
+    auto r = Send(call);
+    if (r.ok() && r->status == 200 && r->body != "[]") return;
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+// `silt local`: a gateway and one invoker on this machine, as child processes.
+// The invoker learns the gateway's gRPC address from the gateway's output, so
+// every port but --listen's may be 0.
+int Local(LocalOptions o) {
+  std::string gateway_bin = FindDaemon("silt-gateway"),
+              invoker_bin = FindDaemon("silt-invoker");
+  std::string host = o.listen.substr(0, o.listen.rfind(':'));
+  if (o.grpc_listen.empty()) o.grpc_listen = host + ":0";
+  if (o.metrics_listen.empty()) o.metrics_listen = host + ":0";
 
   sigset_t stop;
   sigemptyset(&stop);
@@ -780,94 +863,119 @@ int Local(const std::string& data_dir, const std::string& listen,
   sigaddset(&stop, SIGCHLD);
   sigprocmask(SIG_BLOCK, &stop, nullptr);
 
-  auto spawn = [&](std::vector<std::string> args, int* out_fd) -> pid_t {
-    int p[2];
-    if (pipe(p) != 0) Fail("pipe failed");
-    pid_t pid = fork();
-    if (pid == 0) {
-      sigprocmask(SIG_UNBLOCK, &stop, nullptr);
-      dup2(p[1], 1);
-      close(p[0]);
-      close(p[1]);
-      std::vector<char*> a;
-      for (auto& s : args) a.push_back(s.data());
-      a.push_back(nullptr);
-      execv(a[0], a.data());
-      _exit(127);
-    }
-    close(p[1]);
-    *out_fd = p[0];
-    return pid;
-  };
-  // Reads the child's stdout until a line starting with `prefix`; echoes every
-  // line.
-  auto wait_line = [](int fd, const std::string& prefix) -> std::string {
-    std::string buf;
-    char c;
-    while (read(fd, &c, 1) == 1) {
-      if (c != '\n') {
-        buf.push_back(c);
-        continue;
-      }
-      std::string line = buf;
-      buf.clear();
-      if (absl::StartsWith(line, prefix)) return line.substr(prefix.size());
-      std::cout << line << std::endl;
-    }
-    return "";
-  };
   std::vector<std::string> gw_args = {
-      gateway_bin,     "--listen", listen,       "--metrics-listen",   metrics,
-      "--grpc-listen", grpc,       "--data-dir", data_dir + "/gateway"};
-  if (no_auth) gw_args.push_back("--no-auth");
-  int gw_out = -1;
-  pid_t gw = spawn(gw_args, &gw_out);
-  std::string grpc_addr = wait_line(gw_out, "invokers connect to ");
+      gateway_bin,        "--listen",       o.listen,
+      "--metrics-listen", o.metrics_listen, "--grpc-listen",
+      o.grpc_listen,      "--data-dir",     o.data_dir + "/gateway"};
+  if (o.no_auth) gw_args.push_back("--no-auth");
+  Child gw = Spawn(gw_args, stop);
+  std::string grpc_addr = WaitLine(gw.out, "invokers connect to ");
   std::string http_addr =
-      grpc_addr.empty() ? "" : wait_line(gw_out, "listening on ");
+      grpc_addr.empty() ? "" : WaitLine(gw.out, "listening on ");
   if (http_addr.empty()) {
-    kill(gw, SIGTERM);
-    waitpid(gw, nullptr, 0);
+    StopChildren({gw.pid});
     Fail("silt-gateway did not start (see its messages above)");
   }
-  int inv_out = -1;
-  pid_t inv =
-      spawn({invoker_bin, "--gateway", grpc_addr, "--listen", host + ":0",
-             "--data-dir", data_dir + "/invoker", "--node-name", "local"},
-            &inv_out);
-  std::string inv_addr = wait_line(inv_out, "listening on ");
+  Child inv =
+      Spawn({invoker_bin, "--gateway", grpc_addr, "--listen", host + ":0",
+             "--data-dir", o.data_dir + "/invoker", "--node-name", "local"},
+            stop);
+  std::string inv_addr = WaitLine(inv.out, "listening on ");
   if (inv_addr.empty()) {
-    kill(gw, SIGTERM);
-    waitpid(gw, nullptr, 0);
-    waitpid(inv, nullptr, 0);
+    StopChildren({gw.pid, inv.pid});
     Fail("silt-invoker did not start (see its messages above)");
   }
-  // Ready once the invoker has registered with the gateway.
-  for (int i = 0; i < 500; ++i) {
-    HttpCall call;
-    call.url = "http://" + http_addr + "/system/nodes";
-    if (!no_auth) {
-      std::ifstream in(data_dir + "/gateway/secrets/basic-auth-password");
-      call.headers.emplace_back(
-          "Authorization",
-          "Basic " + BasicToken("admin", Trimmed(ReadAll(in))));
-    }
-    auto r = Send(call);
-    if (r.ok() && r->status == 200 && r->body != "[]") break;
-    struct timespec ts = {0, 10 * 1000 * 1000};
-    nanosleep(&ts, nullptr);
-  }
+  WaitRegistered(o, http_addr);
   std::cout << "invoker " << inv_addr << " registered\nlistening on "
             << http_addr << std::endl;
   int sig = 0;
   sigwait(&stop, &sig);
-  kill(inv, SIGTERM);
-  kill(gw, SIGTERM);
-  int st_inv = 0, st_gw = 0;
-  waitpid(inv, &st_inv, 0);
-  waitpid(gw, &st_gw, 0);
+  StopChildren({inv.pid, gw.pid});
   std::cout << "stopped" << std::endl;
   return sig == SIGCHLD ? 1 : 0;
+}
+
+// ---- unknown commands ----
+
+// Optimal string alignment distance: insertions, deletions, substitutions and
+// swaps of two neighbours each count one.
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1,
+                                     std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t subst = d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, subst});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// `cmd`'s named subcommands (CLI11 keeps option groups among them, unnamed).
+std::vector<const CLI::App*> Commands(const CLI::App& cmd) {
+  return cmd.get_subcommands(
+      [](const CLI::App* sub) { return !sub->get_name().empty(); });
+}
+
+// The subcommand name or alias of `cmd` nearest to `word`, if it is near
+// enough to be a typo of it; else empty. Names win ties with aliases.
+std::string NearestCommand(const CLI::App& cmd, const std::string& word) {
+  std::string lower = absl::AsciiStrToLower(word);
+  size_t best = lower.size() <= 3 ? 2 : 3;  // one more than the edits allowed
+  std::string nearest;
+  for (const CLI::App* sub : Commands(cmd)) {
+    std::vector<std::string> words = {sub->get_name()};
+    for (const auto& alias : sub->get_aliases()) words.push_back(alias);
+    for (const auto& w : words) {
+      size_t d = EditDistance(lower, w);
+      if (d < best) {
+        best = d;
+        nearest = w;
+      }
+    }
+  }
+  return nearest;
+}
+
+void PrintUnknownCommand(const CLI::App& cmd, const std::string& path,
+                         const std::string& word) {
+  std::string near = NearestCommand(cmd, word);
+  std::cerr << path << ": unknown command \"" << word << "\"; "
+            << (near.empty()
+                    ? absl::StrCat("run \"", path, " --help\" for the commands")
+                    : absl::StrCat("did you mean \"", near, "\"?"))
+            << std::endl;
+}
+
+// After a failed parse, or --help: if a word where a command belongs named
+// none, says which word, suggests the nearest command and returns 2; with
+// --help, any word nothing took is an error too (help must not hide a typo).
+// Looks at the commands parsed from the top down, as the first unknown word is
+// the one to fix. Else nullopt: CLI11's own message and code stand.
+std::optional<int> ReportUnknownWord(const CLI::App& app, bool help) {
+  std::string path = "silt";
+  for (const CLI::App* cmd = &app;;) {
+    std::vector<std::string> words = cmd->remaining();
+    for (const std::string& word : words) {
+      if (Commands(*cmd).empty() || word.empty() || word[0] == '-') continue;
+      PrintUnknownCommand(*cmd, path, word);
+      return 2;
+    }
+    if (help && !words.empty()) {
+      std::cerr << path << ": unexpected argument \"" << words.front()
+                << "\"; run \"" << path << " --help\" for the usage"
+                << std::endl;
+      return 2;
+    }
+    std::vector<CLI::App*> parsed = cmd->get_subcommands();
+    if (parsed.empty()) return std::nullopt;
+    cmd = parsed.front();
+    path += " " + cmd->get_name();
+  }
 }
 
 }  // namespace
@@ -1163,15 +1271,24 @@ int RunCli(int argc, char** argv) {
                    "Print the response status and headers to stderr");
 
   // local
-  std::string local_dir, local_listen = "127.0.0.1:8080";
-  bool local_no_auth = false;
+  LocalOptions local_opts;
   auto* local = app.add_subcommand(
       "local", "Run a gateway and an invoker on this machine");
-  local->add_option("--data-dir", local_dir, "Where everything is kept")
+  local
+      ->add_option("--data-dir", local_opts.data_dir,
+                   "Where everything is kept")
       ->required();
-  local->add_option("--listen", local_listen, "Gateway address")
+  local
+      ->add_option("--listen", local_opts.listen,
+                   "Gateway HTTP API address ADDR:PORT (port 0 picks one)")
       ->capture_default_str();
-  local->add_flag("--no-auth", local_no_auth, "Disable basic auth");
+  local->add_option("--grpc-listen", local_opts.grpc_listen,
+                    "Gateway gRPC address the invoker connects to (default: "
+                    "--listen's host, port 0 = a free one)");
+  local->add_option("--metrics-listen", local_opts.metrics_listen,
+                    "Gateway /metrics and /healthz address (default: "
+                    "--listen's host, port 0 = a free one)");
+  local->add_flag("--no-auth", local_opts.no_auth, "Disable basic auth");
 
   bool short_version = false;
   auto* version = app.add_subcommand(
@@ -1183,6 +1300,9 @@ int RunCli(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    bool help = dynamic_cast<const CLI::CallForHelp*>(&e) != nullptr ||
+                dynamic_cast<const CLI::CallForAllHelp*>(&e) != nullptr;
+    if (std::optional<int> code = ReportUnknownWord(app, help)) return *code;
     return app.exit(e);
   }
 
@@ -1441,7 +1561,7 @@ int RunCli(int argc, char** argv) {
       return Invoke(Client{ResolveGateway(gateway), token}, name, ns, method,
                     headers, query, content_type, show_headers);
     } else if (*local) {
-      return Local(local_dir, local_listen, local_no_auth);
+      return Local(local_opts);
     }
   } catch (const Exit& e) {
     return e.code;

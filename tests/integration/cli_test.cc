@@ -1,12 +1,19 @@
 // Drives the `silt` CLI against a real silt-gateway, as a user at a shell
 // would.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/gateway_process.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -263,6 +270,103 @@ TEST_F(CliTest, HelpOnEveryCommandAndUnreachableGateway) {
   EXPECT_TRUE(absl::StrContains(
       r.err, "Cannot connect to OpenFaaS on URL: http://127.0.0.1:1"))
       << r.err;
+}
+
+TEST_F(CliTest, UnknownCommandsNameTheWordAndSuggestTheNearest) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (
+      const Case& c : std::vector<Case>{
+          {{"lsit"}, R"(silt: unknown command "lsit"; did you mean "list"?)"},
+          {{"nodez"},
+           R"(silt: unknown command "nodez"; did you mean "nodes"?)"},
+          {{"secrets", "list"},
+           R"(silt: unknown command "secrets"; did you mean "secret"?)"},
+          {{"secret", "lst"},
+           R"(silt secret: unknown command "lst"; did you mean "list"?)"},
+          {{"node", "drian", "n1"},
+           R"(silt node: unknown command "drian"; did you mean "drain"?)"},
+          {{"namespace", "-g", "http://127.0.0.1:1", "crate", "dev"},
+           R"(silt namespace: unknown command "crate"; did you mean "create"?)"},
+          {{"frobnicate"},
+           R"(silt: unknown command "frobnicate"; run "silt --help")"},
+          // --help after an unknown word is an error, not the help.
+          {{"lsit", "--help"}, R"(unknown command "lsit")"},
+          {{"secret", "lst", "--help"}, R"(unknown command "lst")"},
+          {{"list", "--bogus", "--help"},
+           R"(silt list: unexpected argument "--bogus")"},
+      }) {
+    std::string cmd = absl::StrJoin(c.args, " ");
+    auto r = Silt(c.args);
+    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.err;
+    EXPECT_TRUE(absl::StrContains(r.err, c.message)) << cmd << ": " << r.err;
+    EXPECT_FALSE(absl::StrContains(r.out, "Usage")) << cmd << ": " << r.out;
+  }
+}
+
+// A port free right now on 127.0.0.1.
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+// Two `silt local` side by side: each with its own --listen port (before the
+// --grpc-listen and --metrics-listen flags both took the fixed :8081 and
+// :8082), one with an explicit metrics port, one with the defaults (port 0).
+TEST_F(CliTest, TwoLocalsOnOneMachine) {
+  if (geteuid() != 0) GTEST_SKIP() << "the invoker needs root";
+  std::string metrics = absl::StrCat("127.0.0.1:", FreePort());
+  std::vector<std::vector<std::string>> extra = {{"--metrics-listen", metrics},
+                                                 {}};
+  std::vector<Process> locals;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> args = {
+        SILT_CLI_BIN, "local",
+        "--data-dir", absl::StrCat(dir_, "/local", i),
+        "--listen",   absl::StrCat("127.0.0.1:", FreePort()),
+        "--no-auth"};
+    args.insert(args.end(), extra[i].begin(), extra[i].end());
+    auto p = Process::Start(args);
+    ASSERT_TRUE(p.ok()) << p.status();
+    locals.push_back(*std::move(p));
+  }
+  RunResult r =
+      Silt({"new", "hi", "--lang", "exec", "-f", dir_ + "/stack.yml"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int i = 0; i < 2; ++i) {
+    auto m = locals[i].WaitForLine("metrics on ", std::chrono::seconds(60));
+    ASSERT_TRUE(m.ok()) << m.status() << locals[i].output();
+    std::string metrics_url = "http://" + m->substr(11);
+    if (i == 0) {
+      EXPECT_EQ(metrics_url, "http://" + metrics);
+    }
+    auto l = locals[i].WaitForLine("listening on ", std::chrono::seconds(60));
+    ASSERT_TRUE(l.ok()) << l.status() << locals[i].output();
+    std::string url = "http://" + l->substr(13);
+    for (const std::string& base : {url, metrics_url}) {
+      auto h = deploy::Send({.url = base + "/healthz"});
+      ASSERT_TRUE(h.ok()) << base << ": " << h.status();
+      EXPECT_EQ(h->status, 200) << base;
+    }
+    r = Silt({"up", "-f", dir_ + "/stack.yml", "-g", url});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    r = Silt({"invoke", "hi", "-g", url}, absl::StrCat("local ", i));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, absl::StrCat("Hello from hi: local ", i, "\n"));
+  }
+  for (Process& p : locals) {
+    int status = p.Stop(SIGTERM);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
 }
 
 }  // namespace
