@@ -1,5 +1,6 @@
 // silt-gateway: parses flags, starts the gateway, waits for SIGINT/SIGTERM.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <iostream>
@@ -11,6 +12,9 @@
 #include "silt/version.h"
 
 int main(int argc, char** argv) {
+  // Everything the gateway creates (store, keys, credentials, bundles) is for
+  // its own user only.
+  umask(077);
   // gRPC's absl::Mutex runs deadlock detection unless told not to: measurable
   // per call.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
@@ -31,6 +35,10 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", o.data_dir,
                  "Directory for the store and credentials")
       ->required();
+  app.add_option(
+      "--secrets-key-file", o.secrets_key_file,
+      "32-byte key (mode 0600) that seals secret values in the "
+      "store (default DATA_DIR/secrets.key, created at first start)");
   bool no_auth = false;
   app.add_flag("--no-auth", no_auth,
                "Disable basic auth on /system/* (local development)");
@@ -113,6 +121,11 @@ int main(int argc, char** argv) {
   } else {
     std::cout << "basic auth disabled (--no-auth)\n";
   }
+  std::cout << "secrets sealed with the key in " << (*gw)->secrets_key_file()
+            << ((*gw)->secrets_key_generated()
+                    ? " (generated now: back it up with the data dir)"
+                    : "")
+            << "\n";
   std::cout << "metrics on " << (*gw)->metrics_address() << "\n";
   std::cout << "invokers connect to " << (*gw)->grpc_address() << "\n";
   std::cout << "listening on " << (*gw)->listen_address() << std::endl;

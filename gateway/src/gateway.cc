@@ -1,8 +1,13 @@
 #include "gateway/gateway.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
+#include <cerrno>
 #include <condition_variable>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -10,9 +15,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "api.h"
 #include "http_server.h"
+#include "store/secrets_key.h"
 #include "store/store.h"
 
 namespace silt::gateway {
@@ -24,6 +31,8 @@ struct Gateway::Impl {
   std::unique_ptr<BundleStore> bundles;
   std::unique_ptr<Api> api;
   Credentials credentials;
+  std::string secrets_key_file;
+  bool secrets_key_generated = false;
 
   boost::asio::io_context ioc;
   // Destroyed before the io_context: it cancels and drains in-flight function
@@ -45,6 +54,109 @@ struct Gateway::Impl {
   }
 };
 
+namespace {
+
+// Takes group and other access away from `path` when it has any; whether it
+// did. A mode that cannot be changed refuses the start.
+absl::StatusOr<bool> MakeOwnerOnly(const std::string& path, mode_t* was) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return false;
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot stat ", path, ": ", strerror(errno)));
+  }
+  *was = st.st_mode & 07777;
+  if ((st.st_mode & 077) == 0) return false;
+  if (chmod(path.c_str(), st.st_mode & 0700) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s is mode %04o, open to group or others, and chmod failed (%s): run "
+        "`chmod go= %s` as its owner",
+        path, *was, strerror(errno), path));
+  }
+  return true;
+}
+
+// The data dir and what the gateway keeps in it (the store, the credentials,
+// the bundles, and the files directly in each) end up owner-only: directories
+// tightened are named on stderr, files counted. A shared directory (others may
+// write it, or it is sticky, like /tmp) is refused rather than tightened.
+absl::Status SecureDataDir(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0 && (st.st_mode & (S_ISVTX | S_IWOTH))) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "data dir %s is shared (mode %04o): give the gateway a directory of "
+        "its own",
+        dir, st.st_mode & 07777));
+  }
+  size_t files = 0;
+  for (std::string d :
+       {dir, dir + "/store", dir + "/secrets", dir + "/bundles"}) {
+    mode_t was = 0;
+    auto changed = MakeOwnerOnly(d, &was);
+    if (!changed.ok()) return changed.status();
+    if (*changed) {
+      fprintf(stderr, "silt-gateway: %s was mode %04o; now %04o (owner only)\n",
+              d.c_str(), was, was & 0700);
+    }
+    if (d == dir) continue;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(d, ec)) {
+      if (e.is_symlink() || e.is_directory()) continue;
+      auto f = MakeOwnerOnly(e.path().string(), &was);
+      if (!f.ok()) return f.status();
+      files += *f;
+    }
+  }
+  if (files > 0) {
+    fprintf(stderr,
+            "silt-gateway: %zu files under %s were open to group or others; "
+            "now owner only\n",
+            files, dir.c_str());
+  }
+  return absl::OkStatus();
+}
+
+// Creates the data dir owner-only; an existing one is checked by
+// SecureDataDir.
+absl::Status MakeDataDir(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::create_directories(dir, ec)) {
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all,
+                                 std::filesystem::perm_options::replace, ec);
+  }
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create data dir ", dir, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+// The store's secrets key: the operator's file, or DATA_DIR/secrets.key,
+// created when missing.
+absl::StatusOr<std::string> LoadSecretsKey(const Options& options,
+                                           std::string* path, bool* created) {
+  *created = false;
+  if (!options.secrets_key_file.empty()) {
+    *path = options.secrets_key_file;
+    return store::ReadSecretsKeyFile(*path);
+  }
+  *path = options.data_dir + "/secrets.key";
+  return store::LoadOrCreateSecretsKeyFile(*path, created);
+}
+
+// Opens DATA_DIR/store with the secrets key, once the data dir is secured.
+absl::StatusOr<std::unique_ptr<store::Store>> OpenStore(const Options& options,
+                                                        std::string* key_file,
+                                                        bool* key_created) {
+  auto key = LoadSecretsKey(options, key_file, key_created);
+  if (!key.ok()) return key.status();
+  if (auto s = SecureDataDir(options.data_dir); !s.ok()) return s;
+  return store::Store::Open(
+      {.path = options.data_dir + "/store", .secrets_key = *key});
+}
+
+}  // namespace
+
 Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gateway::~Gateway() = default;
 
@@ -55,13 +167,9 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   auto impl = std::make_unique<Impl>();
   impl->options = options;
 
-  std::error_code ec;
-  std::filesystem::create_directories(options.data_dir, ec);
-  if (ec) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "cannot create data dir ", options.data_dir, ": ", ec.message()));
-  }
-  auto store = store::Store::Open({.path = options.data_dir + "/store"});
+  if (auto s = MakeDataDir(options.data_dir); !s.ok()) return s;
+  auto store =
+      OpenStore(options, &impl->secrets_key_file, &impl->secrets_key_generated);
   if (!store.ok()) return store.status();
   impl->store = *std::move(store);
 
@@ -145,6 +253,12 @@ std::string Gateway::password_file() const {
 }
 bool Gateway::credentials_generated() const {
   return impl_->credentials.generated;
+}
+std::string Gateway::secrets_key_file() const {
+  return impl_->secrets_key_file;
+}
+bool Gateway::secrets_key_generated() const {
+  return impl_->secrets_key_generated;
 }
 
 void Gateway::Wait() {

@@ -13,6 +13,8 @@
 namespace silt::store {
 namespace {
 
+const std::string kKey(32, 'k');
+
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -22,7 +24,7 @@ class StoreTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::unique_ptr<Store> Open() {
-    auto s = Store::Open({.path = dir_ + "/db"});
+    auto s = Store::Open({.path = dir_ + "/db", .secrets_key = kKey});
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *std::move(s) : nullptr;
   }
@@ -130,7 +132,7 @@ TEST_F(StoreTest, ReopenAfterCloseKeepsEverything) {
 
 TEST_F(StoreTest, SecondOpenOfSameDirFailsClearly) {
   auto first = Open();
-  auto second = Store::Open({.path = dir_ + "/db"});
+  auto second = Store::Open({.path = dir_ + "/db", .secrets_key = kKey});
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find("another process"),
             std::string::npos)
@@ -162,7 +164,7 @@ TEST_F(StoreTest, WriteInterruptedByCrashIsAllOrNothing) {
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       close(fds[0]);
-      auto s = Store::Open({.path = path});
+      auto s = Store::Open({.path = path, .secrets_key = kKey});
       if (!s.ok()) _exit(2);
       for (uint64_t gen = 1;; ++gen) {
         WriteBatch b;
@@ -190,7 +192,7 @@ TEST_F(StoreTest, WriteInterruptedByCrashIsAllOrNothing) {
     close(fds[0]);
     ASSERT_TRUE(WIFSIGNALED(status));
 
-    auto store = Store::Open({.path = path});
+    auto store = Store::Open({.path = path, .secrets_key = kKey});
     ASSERT_TRUE(store.ok()) << store.status();
     auto fns = (*store)->ListFunctions("openfaas-fn");
     ASSERT_TRUE(fns.ok()) << fns.status();

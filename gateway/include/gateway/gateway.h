@@ -17,7 +17,13 @@ struct Options {
   std::string listen = "127.0.0.1:8080";
   std::string metrics_listen = ":8082";
   std::string grpc_listen = "127.0.0.1:8081";  // where invokers connect
+  // Owner-only (0700) with everything the gateway keeps in it: Start tightens
+  // a data dir, store or bundle file that group or others can reach.
   std::string data_dir;
+  // The 32-byte key that seals secret values in the store. Empty: DATA_DIR/
+  // secrets.key, created at the first start. Either way a key file of the
+  // wrong size, or one group or others can access, stops the start.
+  std::string secrets_key_file;
   bool auth = true;
   int threads = 0;  // 0 = one per core, at least 2
   size_t max_system_body_bytes = 10 << 20;
@@ -52,6 +58,9 @@ class Gateway {
   // The file holding the basic-auth password, empty with auth off.
   std::string password_file() const;
   bool credentials_generated() const;
+  // The key file in use, and whether this start created it.
+  std::string secrets_key_file() const;
+  bool secrets_key_generated() const;
 
   // Blocks until Shutdown() is called (from any thread or a signal handler
   // thread).

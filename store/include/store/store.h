@@ -5,6 +5,10 @@
 // key. Every write goes through a WriteBatch, which commits atomically across
 // tables and, by default, is fsync'd before Write() returns: a deployment the
 // gateway acknowledged survives a crash.
+//
+// Secret values are sealed at rest (AES-256-GCM under Options::secrets_key;
+// the format is in src/sealer.h): only GetSecret opens one. A store refuses to
+// open under a key other than the one it was first opened with.
 #ifndef SILT_STORE_STORE_H_
 #define SILT_STORE_STORE_H_
 
@@ -37,6 +41,9 @@ absl::string_view TableName(Table t);
 struct Options {
   // Directory of the database; created if missing.
   std::string path;
+  // The kSecretsKeyBytes key that seals secret values (store/secrets_key.h
+  // reads and creates key files). Required.
+  std::string secrets_key;
   // fsync the write-ahead log on every WriteBatch. Only tests that measure or
   // that simulate power loss differently turn this off.
   bool sync_writes = true;
@@ -67,6 +74,8 @@ class WriteBatch {
 
   void PutFunction(const FunctionRecord& f);
   void DeleteFunction(absl::string_view ns, absl::string_view name);
+  // The value is sealed when the batch is written, never kept in the clear on
+  // disk; a record in the older plain format becomes sealed this way too.
   void PutSecret(const SecretRecord& s);
   void DeleteSecret(absl::string_view ns, absl::string_view name);
   void PutNamespace(const NamespaceRecord& n);
@@ -82,12 +91,17 @@ class WriteBatch {
     bool is_delete;
     std::string key;
     std::string value;
+    bool seal = false;  // value is a secret's plain value: Write seals it
   };
   std::vector<Op> ops_;
 };
 
 class Store {
  public:
+  // Opens (or creates) the database. Secrets still in the older plain format
+  // are sealed here, and the secrets table compacted so that no live file
+  // keeps their plain values. FailedPrecondition when options.secrets_key is
+  // not the key this store's secrets are sealed with.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const Options& options);
   ~Store();
   Store(const Store&) = delete;
@@ -107,8 +121,11 @@ class Store {
   absl::StatusOr<std::vector<FunctionRecord>> ListFunctions(
       absl::string_view ns) const;
 
+  // The secret with its value opened: for handing it to an invoker. A record
+  // that does not authenticate (another key, altered on disk) is DataLoss.
   absl::StatusOr<SecretRecord> GetSecret(absl::string_view ns,
                                          absl::string_view name) const;
+  // Names only: every value is left empty and nothing is decrypted.
   absl::StatusOr<std::vector<SecretRecord>> ListSecrets(
       absl::string_view ns) const;
 
