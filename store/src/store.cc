@@ -373,6 +373,15 @@ absl::StatusOr<SecretRecord> Store::GetSecret(absl::string_view ns,
   return impl_->OpenSecret(key, *v);
 }
 
+absl::Status Store::FindSecret(absl::string_view ns,
+                               absl::string_view name) const {
+  auto v = Get(Table::kSecrets, NamespacedKey(ns, name));
+  if (absl::IsNotFound(v.status()))
+    return absl::NotFoundError(
+        absl::StrCat("secret ", name, " not found in namespace ", ns));
+  return v.status();
+}
+
 absl::StatusOr<std::vector<SecretRecord>> Store::ListSecrets(
     absl::string_view ns) const {
   std::string prefix = ns.empty() ? std::string() : NamespacedKey(ns, "");

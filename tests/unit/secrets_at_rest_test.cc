@@ -206,6 +206,9 @@ TEST_F(SecretsAtRestTest, TamperedRecordIsDataLoss) {
     EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss)
         << c.what << ": " << s.status();
   }
+  // Still found, so that it can be replaced or deleted.
+  EXPECT_TRUE((*store)->FindSecret("openfaas-fn", "api-key").ok());
+  EXPECT_TRUE(absl::IsNotFound((*store)->FindSecret("openfaas-fn", "nope")));
   // The namespace and name are associated data: a record moved to another
   // name does not open.
   PutRaw(**store, Table::kSecrets, NamespacedKey("openfaas-fn", "other"),

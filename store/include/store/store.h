@@ -125,6 +125,10 @@ class Store {
   // that does not authenticate (another key, altered on disk) is DataLoss.
   absl::StatusOr<SecretRecord> GetSecret(absl::string_view ns,
                                          absl::string_view name) const;
+  // OK when the secret exists, NotFound when not; opens nothing (for checks
+  // that need no value, and that must not fail on a record that does not
+  // authenticate, so that it can still be replaced or deleted).
+  absl::Status FindSecret(absl::string_view ns, absl::string_view name) const;
   // Names only: every value is left empty and nothing is decrypted.
   absl::StatusOr<std::vector<SecretRecord>> ListSecrets(
       absl::string_view ns) const;
