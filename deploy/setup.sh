@@ -3,8 +3,12 @@
 # Idempotent: a second run checks what is there and takes seconds.
 set -euo pipefail
 
-CRIU_VERSION=4.1.1
-CRIU_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
+# CRIU: the newest source >= CRIU_MIN in the first of CRIU_SUITES that has one, from this machine's
+# Debian mirror; the pinned release is the fallback when none can be fetched (e.g. offline).
+CRIU_MIN=4.1
+CRIU_SUITES=(stable testing unstable)
+CRIU_PINNED=4.1.1
+CRIU_PINNED_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
 CRIU_PREFIX=/usr/local
 CACHE_DIR=${SILT_SETUP_CACHE:-/var/cache/silt-setup}
 
@@ -60,34 +64,113 @@ if dpkg-query -W -f='${Status}' criu 2>/dev/null | grep -q "install ok installed
   apt-get remove -y -q criu
 fi
 
+# CRIU: any release >= CRIU_MIN whose source Debian serves, built into CRIU_PREFIX. The suites are
+# asked in this order and the first version found that downloads and verifies is built.
+criu_version() { "$CRIU_PREFIX/sbin/criu" --version 2>/dev/null | awk '/^Version:/ { print $2 }'; }
 criu_ok() {
-  [ -x "$CRIU_PREFIX/sbin/criu" ] && "$CRIU_PREFIX/sbin/criu" --version 2>/dev/null | grep -q "Version: $CRIU_VERSION" &&
-    pkg-config --atleast-version=4.0 criu 2>/dev/null
+  local v
+  v=$(criu_version) && [ -n "$v" ] && dpkg --compare-versions "$v" ge "$CRIU_MIN" &&
+    pkg-config --atleast-version="$CRIU_MIN" criu 2>/dev/null
 }
+
+# apt with a private deb-src list for CRIU_SUITES on the Debian mirror this machine's apt already
+# uses (never a hard-coded registry), its lists in $apt_dir.
+criu_apt_init() {
+  local mirror suite
+  mirror=$(apt-get indextargets --format '$(REPO_URI)' 2>/dev/null | grep -v -- '-security' |
+    grep -m1 '/debian/\?$' || true)
+  [ -n "$mirror" ] || { log "no Debian mirror in this machine's apt configuration"; return 1; }
+  apt_dir=$(mktemp -d)
+  chmod 755 "$apt_dir" # apt downloads as _apt
+  mkdir -p "$apt_dir/lists/partial"
+  for suite in "${CRIU_SUITES[@]}"; do
+    echo "deb-src ${mirror%/} $suite main"
+  done >"$apt_dir/sources.list"
+  apt_opts=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o "Dir::Etc::sourceparts=-"
+    -o "Dir::State::Lists=$apt_dir/lists" -o "APT::Get::List-Cleanup=0")
+  log "asking ${mirror%/} (${CRIU_SUITES[*]}) for criu sources >= $CRIU_MIN"
+  # A suite that fails to update only drops out of the candidates; the Sources indexes that did
+  # arrive are verified against the archive's signed InRelease.
+  apt-get "${apt_opts[@]}" update -q >"$apt_dir/update.log" 2>&1 ||
+    log "warning: apt-get update of the criu source lists failed in part:" \
+      "$(grep '^E:' "$apt_dir/update.log" | head -n 3)"
+}
+
+# "VERSION" lines, the suites' order kept, for versions >= CRIU_MIN.
+criu_candidates() {
+  local suite
+  for suite in "${CRIU_SUITES[@]}"; do
+    apt-cache "${apt_opts[@]}" madison criu 2>/dev/null |
+      awk -F'|' -v s=" $suite/" 'index($3, s) && $3 ~ /Sources/ { gsub(/ /, "", $2); print $2 }'
+  done | awk '!seen[$0]++' | while read -r v; do
+    if dpkg --compare-versions "$v" ge "$CRIU_MIN"; then echo "$v"; fi
+  done
+}
+
+# Downloads criu=$1's source into CACHE_DIR with apt-get source and checks its upstream tarball
+# against the SHA256 the signed Sources index lists for it (the same list the .dsc carries); sets
+# criu_tarball to its path. apt-get checks every file it gets against that list too; some mirrors
+# serve the orig tarball but 404 the .dsc and debian tarball, so apt's exit code does not decide.
+criu_fetch() {
+  local v=$1 uri name sum got
+  read -r uri name _ sum < <(apt-get "${apt_opts[@]}" source --download-only --print-uris "criu=$v" 2>/dev/null |
+    grep -m1 "\.orig\.tar\.") || { log "criu $v: no upstream tarball in its source package"; return 1; }
+  uri=${uri//\'/}
+  sum=${sum#SHA256:}
+  if [ ! -f "$CACHE_DIR/$name" ] || ! echo "$sum  $CACHE_DIR/$name" | sha256sum -c --status; then
+    rm -f "$CACHE_DIR/$name"
+    log "fetching criu $v source ($name) with apt-get source"
+    (cd "$CACHE_DIR" && apt-get "${apt_opts[@]}" source --download-only "criu=$v" >"$apt_dir/source.log" 2>&1) ||
+      true
+  fi
+  if [ ! -f "$CACHE_DIR/$name" ]; then
+    log "criu $v: download of $uri failed: $(grep -E '^(E|Err)' "$apt_dir/source.log" | head -n 3)"
+    return 1
+  fi
+  got=$(sha256sum "$CACHE_DIR/$name" | awk '{ print $1 }')
+  if [ "$got" != "$sum" ]; then
+    rm -f "$CACHE_DIR/$name"
+    log "criu $v: $name has SHA256 $got, the source package lists $sum; removed"
+    return 1
+  fi
+  criu_tarball="$CACHE_DIR/$name"
+}
+
+# Sets criu_tarball to the verified upstream tarball to build: the first candidate that fetches,
+# else the pinned release already in the cache (offline re-runs). Dies saying what failed.
+criu_source() {
+  local v listed tried=() pinned="$CACHE_DIR/criu_${CRIU_PINNED}.orig.tar.xz"
+  if criu_apt_init; then
+    for v in $(criu_candidates); do
+      tried+=("$v")
+      if criu_fetch "$v"; then return 0; fi
+    done
+    listed=$(apt-cache "${apt_opts[@]}" madison criu 2>/dev/null | awk -F'|' '{ gsub(/ /, "", $2); print $2 }' |
+      sort -uV | xargs)
+    [ ${#tried[@]} -gt 0 ] || log "no criu source >= $CRIU_MIN in ${CRIU_SUITES[*]} (apt lists: ${listed:-none})"
+  fi
+  if [ -f "$pinned" ] && echo "$CRIU_PINNED_SHA256  $pinned" | sha256sum -c --status; then
+    log "falling back to the cached, pinned CRIU $CRIU_PINNED"
+    criu_tarball=$pinned
+    return 0
+  fi
+  [ -z "$apt_dir" ] || rm -rf "$apt_dir"
+  die "no CRIU >= $CRIU_MIN source could be fetched and verified (tried: ${tried[*]:-none}; no verified" \
+    "criu_${CRIU_PINNED}.orig.tar.xz in $CACHE_DIR either); see the messages above"
+}
+
 if criu_ok; then
-  log "CRIU $CRIU_VERSION present at $CRIU_PREFIX/sbin/criu"
+  log "CRIU $(criu_version) present at $CRIU_PREFIX/sbin/criu"
 else
   mkdir -p "$CACHE_DIR"
-  tarball="$CACHE_DIR/criu_${CRIU_VERSION}.orig.tar.xz"
-  if [ ! -f "$tarball" ] || ! echo "$CRIU_SHA256  $tarball" | sha256sum -c --status; then
-    log "fetching CRIU $CRIU_VERSION upstream source tarball from Debian's archive"
-    apt_dir=$(mktemp -d)
-    mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial"
-    # The mirror this machine's apt already uses (never a hard-coded registry).
-    mirror=$(apt-get indextargets --format '$(REPO_URI)' 2>/dev/null | grep -v -- '-security' |
-      grep -m1 '/debian/\?$' || true)
-    [ -n "$mirror" ] || die "no Debian mirror in this machine's apt configuration"
-    echo "deb-src ${mirror%/} trixie main" >"$apt_dir/sources.list"
-    apt_opts=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o "Dir::Etc::sourceparts=-"
-      -o "Dir::State::Lists=$apt_dir/lists" -o "APT::Get::List-Cleanup=0")
-    apt-get "${apt_opts[@]}" update -q
-    # The .dsc and debian tarball 404 on the mirror; the orig tarball downloads. apt exits 100.
-    (cd "$CACHE_DIR" && apt-get "${apt_opts[@]}" source --download-only "criu=${CRIU_VERSION}-1" || true)
-    rm -rf "$apt_dir"
-    [ -f "$tarball" ] || die "could not download criu_${CRIU_VERSION}.orig.tar.xz"
-    echo "$CRIU_SHA256  $tarball" | sha256sum -c --status ||
-      { rm -f "$tarball"; die "CRIU tarball checksum mismatch (expected $CRIU_SHA256)"; }
-  fi
+  apt_dir=
+  criu_source
+  [ -z "$apt_dir" ] || rm -rf "$apt_dir"
+  tarball=$criu_tarball
+  CRIU_VERSION=$(basename "$tarball")
+  CRIU_VERSION=${CRIU_VERSION#criu_}
+  CRIU_VERSION=${CRIU_VERSION%.orig.tar.*}
+  CRIU_VERSION=${CRIU_VERSION%%+*} # a repack suffix (+dfsg) is not in `criu --version`
   log "building CRIU $CRIU_VERSION (criu + libcriu)"
   build=$(mktemp -d)
   tar -xf "$tarball" -C "$build"
@@ -101,7 +184,9 @@ else
     { tail -n 40 "$build/build.log"; die "CRIU install failed (log: $build/build.log)"; }
   ldconfig
   rm -rf "$build"
-  criu_ok || die "CRIU installed but $CRIU_PREFIX/sbin/criu or criu.pc is not version $CRIU_VERSION"
+  if [ "$(criu_version)" != "$CRIU_VERSION" ] || ! criu_ok; then
+    die "CRIU installed but $CRIU_PREFIX/sbin/criu or criu.pc is not version $CRIU_VERSION"
+  fi
 fi
 
 # containerd's API protos (for the invoker's container runtime) from the one Debian package that
