@@ -130,6 +130,7 @@ struct Instance {
   std::unique_ptr<SandboxedProcess> proc;
   int channel = -1;
   std::string base_dir;  // DATA_DIR/instances/<id>: root, secrets, run, work
+  uint32_t host_id = 0;  // the function's (HostIdOf): owns secrets and run
   Clock::time_point last_used;
   bool fresh = true;  // has not served a call yet
   double start_ms = 0;
@@ -177,8 +178,9 @@ bool SnapshotsWanted(const FunctionSpec& spec) {
          !(it->second == "false" || it->second == "0" || it->second == "off");
 }
 
-// A listening socket at DIR/s (the worker's /var/silt/run/s).
-absl::StatusOr<int> ListenIn(const std::string& dir) {
+// A listening socket at DIR/s (the worker's /var/silt/run/s), for `host_id`
+// alone.
+absl::StatusOr<int> ListenIn(const std::string& dir, uint32_t host_id) {
   int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s < 0) return absl::InternalError("socket failed");
   std::string path = dir + "/s";
@@ -200,6 +202,7 @@ absl::StatusOr<int> ListenIn(const std::string& dir) {
         absl::StrCat("cannot listen in ", dir, ": ", strerror(err)));
   }
   chmod((dir + "/s").c_str(), 0600);
+  (void)!chown((dir + "/s").c_str(), host_id, host_id);
   return s;
 }
 
@@ -443,16 +446,25 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     std::error_code ec;
     for (const char* d : {"/root", "/secrets", "/run", "/work"})
       std::filesystem::create_directories(inst->base_dir + d, ec);
+    // Only the function's own host id reads its secrets and uses its run dir.
+    inst->host_id = HostIdOf(spec.namespace_(), spec.name());
+    auto own = [&](const std::string& path, mode_t mode) {
+      chmod(path.c_str(), mode);
+      (void)!chown(path.c_str(), inst->host_id, inst->host_id);
+    };
     chmod(inst->base_dir.c_str(), 0755);
-    chmod((inst->base_dir + "/secrets").c_str(), 0755);
-    chmod((inst->base_dir + "/run").c_str(), 0700);
     for (const auto& [name, value] : spec.secrets()) {
       if (name.find('/') != std::string::npos || name == ".." || name == ".")
         continue;
       std::string path = inst->base_dir + "/secrets/" + name;
-      std::ofstream(path, std::ios::binary) << value;
-      chmod(path.c_str(), 0644);
+      {
+        std::ofstream out(path, std::ios::binary);
+        out << value;
+      }
+      own(path, 0400);
     }
+    own(inst->base_dir + "/secrets", 0500);
+    own(inst->base_dir + "/run", 0700);
     return inst;
   }
 
@@ -491,18 +503,20 @@ struct Invoker::Impl final : public v1::Invoker::Service {
                           Instance& inst, bool snapshot_ready,
                           SandboxSpec* sb) {
     sb->root_dir = inst.base_dir + "/root";
+    sb->host_id = inst.host_id;
     sb->bundle_dir = bundle.dir;
     sb->secrets_dir = inst.base_dir + "/secrets";
     sb->worker_dir = worker_dir;
     sb->snapshot_ready = snapshot_ready;
     sb->run_dir = inst.base_dir + "/run";
-    if (snapshot_ready && bind_dev_tmp) {
-      if (auto s = MountTmp(inst.base_dir + "/tmp", sb->tmp_bytes); !s.ok())
-        return s;
-      inst.tmp_mounted = true;
-      sb->dev_dir = dev_dir;
-      sb->tmp_dir = inst.base_dir + "/tmp";
-    }
+    if (!bind_dev_tmp)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no device nodes for sandboxes in ", dev_dir, " (see the log)"));
+    if (auto s = MountTmp(inst.base_dir + "/tmp", sb->tmp_bytes); !s.ok())
+      return s;
+    inst.tmp_mounted = true;
+    sb->dev_dir = dev_dir;
+    sb->tmp_dir = inst.base_dir + "/tmp";
     sb->hostname = spec.name();
     sb->cgroup = absl::StrCat("silt/", cgroup_id, "/", inst.id);
     sb->memory_limit_bytes = MemoryLimit(spec);
@@ -777,7 +791,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         absl::StrCat(snapshot_dir, "/.tmp-", id, "-", RandomId(6));
     std::error_code ec;
     std::filesystem::create_directories(tmp, ec);
-    auto listener = ListenIn(inst.base_dir + "/run");
+    auto listener = ListenIn(inst.base_dir + "/run", inst.host_id);
     if (!listener.ok()) return listener.status();
     snapshot::DumpOptions d;
     d.pid = inst.proc->pid();
@@ -981,11 +995,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   // Restore: a new instance from the image on this node, by silt-restorer
-  // when the image allows it, else by CRIU. With `plain_criu`, the `criu
-  // restore` command replays everything itself (the network namespace
-  // included): the benchmark's baseline tier.
+  // when the image allows it, else by CRIU. With `by_criu`, always by libcriu
+  // with the options Silt's own CRIU path uses (empty network namespace,
+  // loopback up, kdat cached): the `criu` tier, the benchmark's baseline.
   absl::StatusOr<std::unique_ptr<Instance>> RestoreInstance(
-      Pool& pool, bool plain_criu = false, bool as_template = false) {
+      Pool& pool, bool by_criu = false, bool as_template = false) {
     // Checked before every restore (checksums once per file version): a
     // damaged image is dropped, never restored.
     const std::string& id = pool.snapshot_id;
@@ -995,7 +1009,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       DropImage(id, std::string(m.status().message()));
       return m.status();
     }
-    if (!plain_criu && fast_restore_on) {
+    if (!by_criu && fast_restore_on) {
       auto inst = FastRestore(pool, as_template);
       if (inst.ok()) return inst;
       // Unimplemented: an image the restorer does not take (not a failure).
@@ -1010,7 +1024,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
                          "); restoring with CRIU"));
       }
     }
-    return CriuRestoreInstance(pool, plain_criu, as_template);
+    return CriuRestoreInstance(pool, by_criu, as_template);
   }
 
   // The restore plan of image `id`, digested once.
@@ -1073,7 +1087,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     close(null);
     inst->channel = chan[0];
     if (!s.ok()) return s;
-    auto listener = ListenIn(inst->base_dir + "/run");
+    auto listener = ListenIn(inst->base_dir + "/run", inst->host_id);
     if (!listener.ok()) return listener.status();
     inst->listener = *listener;
     if (auto st = StageRestorer(*inst, **plan, ahead); !st.ok()) {
@@ -1200,7 +1214,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   absl::StatusOr<std::unique_ptr<Instance>> CriuRestoreInstance(
-      Pool& pool, bool plain_criu, bool as_template) {
+      Pool& pool, bool by_criu, bool as_template) {
     auto start = Clock::now();
     std::string dir = ImageDir(pool.snapshot_id);
     auto inst = NewInstance(pool.spec);
@@ -1212,18 +1226,23 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         return s;
       inst->tmp_mounted = true;
     }
-    auto listener = ListenIn(inst->base_dir + "/run");
+    auto listener = ListenIn(inst->base_dir + "/run", inst->host_id);
     if (!listener.ok()) return listener.status();
     snapshot::RestoreOptions o;
     o.images_dir = dir;
     o.root_dir = inst->base_dir + "/root";
     o.work_dir = inst->base_dir + "/work";
     o.mounts = Mounts(*inst, *pool.bundle);
-    if (plain_criu) {
-      o.empty_net = false;
-      inst->tier = "criu";
+    std::vector<std::pair<std::string, std::string>> sources;
+    for (const auto& m : o.mounts) sources.emplace_back(m.key, m.host_dir);
+    auto binds = TraversableBinds::Make(inst->id, sources);
+    if (!binds.ok()) {
+      close(*listener);
+      return binds.status();
     }
-    auto pid = plain_criu ? snapshot::RestoreWithCli(o) : snapshot::Restore(o);
+    for (auto& m : o.mounts) m.host_dir = (*binds)->PathOf(m.key);
+    if (by_criu) inst->tier = "criu";
+    auto pid = snapshot::Restore(o);
     if (!pid.ok()) {
       close(*listener);
       return pid.status();
@@ -1245,7 +1264,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       return proc.status();
     }
     inst->proc = *std::move(proc);
-    absl::Status s = plain_criu ? absl::OkStatus() : LoopbackUp(*pid);
+    absl::Status s = LoopbackUp(*pid);
     if (s.ok())
       s = WakeAndResume(pool.spec, *inst, *pid, *listener, as_template);
     close(*listener);
@@ -1382,7 +1401,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
     if (force == "criu") {
       if (auto image = EnsureImage(*pool); !image.ok()) return image.status();
-      return RestoreInstance(*pool, /*plain_criu=*/true);
+      return RestoreInstance(*pool, /*by_criu=*/true);
     }
     std::shared_ptr<Template> t;
     {
@@ -1455,6 +1474,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       pool->checkpointing = false;
     }
     if (!s.ok()) {
+      fprintf(stderr, "silt-invoker: snapshot of %s failed: %s\n",
+              pool->spec.name().c_str(), std::string(s.message()).c_str());
       logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), "invoker",
                   absl::StrCat("silt: snapshot failed: ", s.message()));
       if ((*inst)->channel < 0) return s;  // it could not be resumed
@@ -1482,7 +1503,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     absl::StatusOr<std::shared_ptr<Template>> t =
         absl::UnavailableError("no image");
     if (auto image = EnsureImage(*pool); image.ok()) {
-      auto inst = RestoreInstance(*pool, /*plain_criu=*/false,
+      auto inst = RestoreInstance(*pool, /*by_criu=*/false,
                                   /*as_template=*/true);
       if (inst.ok())
         t = MakeTemplate(*pool, *std::move(inst));
@@ -2255,9 +2276,6 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     return absl::NotFoundError(
         absl::StrCat("silt-worker not found at ", impl->options.worker_binary));
   if (auto s = PrepareSeccomp(); !s.ok()) return s;
-  // Trees restored by the `criu restore -d` command (the baseline tier) are
-  // reparented to us.
-  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir + "/bundles", ec);
   // Sandboxes see a directory holding only silt-worker (CRIU cannot restore
@@ -2422,7 +2440,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
   if (auto s = PrepareDevDir(impl->dev_dir); s.ok()) {
     impl->bind_dev_tmp = true;
   } else {
-    fprintf(stderr, "silt-invoker: sandboxes get a tmpfs /dev (%s)\n",
+    fprintf(stderr, "silt-invoker: no instance can start: %s\n",
             std::string(s.message()).c_str());
   }
   if (options.snapshots) {

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -438,44 +439,115 @@ const Layout& RootLayout() {
   return *layout;
 }
 
+constexpr uint32_t kFirstHostId = 1u << 30;
+
+// The flags of the mount holding `path` that a bind of it inside a user
+// namespace must keep when remounted.
+unsigned long LockedFlags(const std::string& path) {
+  struct statvfs st;
+  if (statvfs(path.c_str(), &st) != 0) return 0;
+  unsigned long flags = 0;
+  if (st.f_flag & ST_NOSUID) flags |= MS_NOSUID;
+  if (st.f_flag & ST_NODEV) flags |= MS_NODEV;
+  if (st.f_flag & ST_NOEXEC) flags |= MS_NOEXEC;
+  if (st.f_flag & ST_NOATIME) flags |= MS_NOATIME;
+  if (st.f_flag & ST_NODIRATIME) flags |= MS_NODIRATIME;
+  if (st.f_flag & ST_RELATIME) flags |= MS_RELATIME;
+  return flags;
+}
+
+int HoldNamespace(void*) {
+  for (;;) pause();
+}
+
+absl::Status WriteMap(pid_t pid, const char* which, uint32_t host_id) {
+  std::string path = absl::StrCat("/proc/", pid, "/", which);
+  std::string line = absl::StrCat(kInstanceId, " ", host_id, " 1\n");
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  bool ok = fd >= 0 && write(fd, line.data(), line.size()) ==
+                           static_cast<ssize_t>(line.size());
+  int err = errno;
+  if (fd >= 0) close(fd);
+  if (!ok)
+    return absl::InternalError(
+        absl::StrCat("writing ", path, ": ", strerror(err)));
+  return absl::OkStatus();
+}
+
+// A user namespace owned by root in which kInstanceId (uid and gid) is
+// `host_id`: a short-lived child creates it, we map it and keep its fd.
+absl::StatusOr<int> MakeUserns(uint32_t host_id) {
+  constexpr size_t kStack = 64 << 10;
+  void* stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED)
+    return absl::ResourceExhaustedError("mmap of a clone stack failed");
+  pid_t pid = clone(HoldNamespace, static_cast<char*>(stack) + kStack,
+                    CLONE_NEWUSER | CLONE_VM | SIGCHLD, nullptr);
+  if (pid < 0) {
+    int err = errno;
+    munmap(stack, kStack);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot create a user namespace for instances (", strerror(err),
+        "): are user namespaces enabled (sysctl user.max_user_namespaces)?"));
+  }
+  absl::Status s = WriteMap(pid, "uid_map", host_id);
+  if (s.ok()) s = WriteMap(pid, "gid_map", host_id);
+  int fd = -1;
+  if (s.ok()) {
+    std::string ns = absl::StrCat("/proc/", pid, "/ns/user");
+    fd = open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      s = absl::InternalError(
+          absl::StrCat("opening ", ns, ": ", strerror(errno)));
+  }
+  kill(pid, SIGKILL);
+  while (waitpid(pid, nullptr, __WALL) < 0 && errno == EINTR) {
+  }
+  munmap(stack, kStack);
+  if (!s.ok()) return s;
+  return fd;
+}
+
+// One user namespace per host id, made at its first instance and kept for the
+// life of the process.
+absl::StatusOr<int> UsernsFor(uint32_t host_id) {
+  static std::mutex mu;
+  static auto* fds = new std::map<uint32_t, int>();
+  std::lock_guard<std::mutex> l(mu);
+  if (auto it = fds->find(host_id); it != fds->end()) return it->second;
+  auto fd = MakeUserns(host_id);
+  if (fd.ok()) (*fds)[host_id] = *fd;
+  return fd;
+}
+
 struct ChildArgs {
-  // Everything is prepared by the parent: the child only makes syscalls (it
-  // shares the parent's memory until it execs).
-  int channel_fd, stdout_fd, stderr_fd, err_fd, devnull_fd;
+  // Everything is prepared by the parent: the children only make syscalls
+  // (they share the parent's memory until the sandbox execs).
+  int channel_fd, stdout_fd, stderr_fd, err_fd, devnull_fd, userns_fd;
   const char* cgroup_procs[4];  // joined first, by writing "0"
   int cgroup_count;
-  const char* root;
+  const char* root;      // the skeleton (PrepareRootSkeleton), bound on itself
   const char* old_root;  // root + "/.oldroot"
-  const char* tmp_opts;
   const char* hostname;
   struct Bind {
     const char* src;
     const char* dst;
     bool rw;
+    // The source mount's flags that a mount in a user namespace may not
+    // drop (nodev, noexec, nosuid, atime): kept by the read-only remount.
+    unsigned long locked;
   } binds[kMaxMounts];
-  // /dev is a tmpfs of its own with these character devices (no file bind
-  // mounts: CRIU cannot restore those).
-  struct Dev {
-    const char* path;
-    unsigned minor;  // of major 1 (mem devices)
-  } devs[5];
   int bind_count;
-  const char* mkdirs[32];
-  int mkdir_count;
-  struct Link {
-    const char* target;
-    const char* path;
-  } links[8];
-  int link_count;
+  unsigned long root_locked;
   const char* proc_dir;
   const char* proc_opts;
-  bool keep_root_uid;
-  const char* tmp_dir;
-  const char* dev_dir;
-  bool bound_dev_tmp;  // /dev and /tmp are bind mounts (snapshot-ready)
   int last_cap;
   char* const* argv;
   char* const* envp;
+  char* sandbox_stack;  // top of the sandbox's clone stack
+  pid_t sandbox_pid;    // written by EnterUserns
+  int sandbox_errno;
 };
 
 [[noreturn]] void ChildFail(const ChildArgs* a, int step) {
@@ -484,7 +556,9 @@ struct ChildArgs {
   _exit(127);
 }
 
-int ChildMain(void* arg) {
+// The sandbox: pid 1 of namespaces that belong to the function's user
+// namespace. Sets up its view of the system, drops everything, execs.
+int SandboxMain(void* arg) {
   const ChildArgs* a = static_cast<const ChildArgs*>(arg);
   // fds: 0 /dev/null, 1 stdout, 2 stderr, 3 channel, 4 err; nothing else
   // survives. Copy each above 64 first (F_DUPFD never clobbers an open fd),
@@ -505,63 +579,42 @@ int ChildMain(void* arg) {
   syscall(SYS_close_range, 5, ~0U, 0);
   fcntl(4, F_SETFD, FD_CLOEXEC);
 
-  // Into the cgroup before anything is allocated ("0": the writer).
-  for (int i = 0; i < a->cgroup_count; ++i) {
-    int fd = open(a->cgroup_procs[i], O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || write(fd, "0", 1) != 1) ChildFail(a, 1);
-    close(fd);
-  }
   // Our own session: a checkpoint must not depend on a session leader outside
   // the sandbox.
   if (setsid() < 0) ChildFail(a, 28);
 
+  // Until the ids change below this is host uid 0 (unmapped here): host
+  // directories are reached through their owner's bits, and nothing is
+  // created on a filesystem mounted in here (the parent made every mount
+  // point).
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
     ChildFail(a, 2);
-  if (mount("silt-root", a->root, "tmpfs", MS_NOSUID | MS_NODEV,
-            "mode=0755,size=1m") != 0)
-    ChildFail(a, 3);
-  for (int i = 0; i < a->mkdir_count; ++i) {
-    if (mkdir(a->mkdirs[i], 0755) != 0 && errno != EEXIST) ChildFail(a, 4);
-  }
-  for (int i = 0; i < a->link_count; ++i) {
-    if (symlink(a->links[i].target, a->links[i].path) != 0) ChildFail(a, 5);
-  }
+  if (mount(a->root, a->root, nullptr, MS_BIND, nullptr) != 0) ChildFail(a, 3);
   for (int i = 0; i < a->bind_count; ++i) {
     const auto& b = a->binds[i];
     if (mount(b.src, b.dst, nullptr, MS_BIND | MS_REC, nullptr) != 0)
       ChildFail(a, 7);
     if (mount(nullptr, b.dst, nullptr,
-              MS_REMOUNT | MS_BIND | MS_NOSUID | (b.rw ? 0 : MS_RDONLY),
+              MS_REMOUNT | MS_BIND | MS_NOSUID | b.locked |
+                  (b.rw ? 0 : MS_RDONLY),
               nullptr) != 0)
       ChildFail(a, 8);
-  }
-  if (!a->bound_dev_tmp) {
-    if (mount("dev", a->dev_dir, "tmpfs", MS_NOSUID | MS_NOEXEC,
-              "mode=0755,size=64k") != 0)
-      ChildFail(a, 6);
-    for (const auto& d : a->devs) {
-      if (mknod(d.path, S_IFCHR | 0666, makedev(1, d.minor)) != 0 ||
-          chmod(d.path, 0666) != 0)
-        ChildFail(a, 6);
-    }
   }
   if (mount("proc", a->proc_dir, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
             a->proc_opts) != 0)
     ChildFail(a, 9);
-  if (!a->bound_dev_tmp &&
-      mount("tmp", a->tmp_dir, "tmpfs", MS_NOSUID | MS_NODEV, a->tmp_opts) != 0)
-    ChildFail(a, 10);
   if (chdir(a->root) != 0) ChildFail(a, 11);
   if (syscall(SYS_pivot_root, ".", ".oldroot") != 0) ChildFail(a, 12);
   if (chdir("/") != 0) ChildFail(a, 13);
   if (umount2("/.oldroot", MNT_DETACH) != 0) ChildFail(a, 14);
-  if (rmdir("/.oldroot") != 0) ChildFail(a, 15);
   // stdin: the sandbox's own /dev/null, so that no fd refers to a host mount.
   int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (devnull < 0 || dup2(devnull, 0) < 0) ChildFail(a, 29);
   close(devnull);
   if (mount(nullptr, "/", nullptr,
-            MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) != 0)
+            MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV |
+                a->root_locked,
+            nullptr) != 0)
     ChildFail(a, 16);
   if (sethostname(a->hostname, strlen(a->hostname)) != 0) ChildFail(a, 17);
 
@@ -585,10 +638,10 @@ int ChildMain(void* arg) {
   // believe exists, and the threads of the (multithreaded) parent do not exist
   // here: they would wait for them forever.
   if (syscall(SYS_setgroups, 0, nullptr) != 0) ChildFail(a, 22);
-  if (!a->keep_root_uid) {
-    if (syscall(SYS_setresgid, 65534, 65534, 65534) != 0) ChildFail(a, 23);
-    if (syscall(SYS_setresuid, 65534, 65534, 65534) != 0) ChildFail(a, 24);
-  }
+  if (syscall(SYS_setresgid, kInstanceId, kInstanceId, kInstanceId) != 0)
+    ChildFail(a, 23);
+  if (syscall(SYS_setresuid, kInstanceId, kInstanceId, kInstanceId) != 0)
+    ChildFail(a, 24);
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ChildFail(a, 25);
   if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &Seccomp().prog) != 0)
     ChildFail(a, 26);
@@ -596,11 +649,36 @@ int ChildMain(void* arg) {
   ChildFail(a, 27);
 }
 
+// First child, in the invoker's namespaces: joins the instance's cgroups and
+// the function's user namespace, then clones the sandbox as the invoker's
+// own child (CLONE_PARENT) with new namespaces, which therefore belong to
+// that user namespace: CRIU checkpoints only trees whose namespaces all
+// belong to their user namespace, and root, which owns it, may checkpoint
+// them. It waits (CLONE_VFORK) until the sandbox has exec'd or failed.
+int EnterUserns(void* arg) {
+  ChildArgs* a = static_cast<ChildArgs*>(arg);
+  // Into the cgroup before anything is allocated ("0": the writer).
+  for (int i = 0; i < a->cgroup_count; ++i) {
+    int fd = open(a->cgroup_procs[i], O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, "0", 1) != 1) ChildFail(a, 1);
+    close(fd);
+  }
+  if (setns(a->userns_fd, CLONE_NEWUSER) != 0) ChildFail(a, 30);
+  pid_t pid =
+      clone(SandboxMain, a->sandbox_stack,
+            CLONE_VM | CLONE_VFORK | CLONE_PARENT | CLONE_NEWPID | CLONE_NEWNS |
+                CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET,
+            a);
+  a->sandbox_errno = errno;
+  a->sandbox_pid = pid;
+  _exit(0);
+}
+
 const char* StepName(int step) {
   static const char* names[] = {"",
                                 "joining the cgroup",
                                 "making mounts private",
-                                "mounting the root tmpfs",
+                                "binding the root",
                                 "creating mount points",
                                 "creating symlinks",
                                 "creating /dev",
@@ -626,12 +704,25 @@ const char* StepName(int step) {
                                 "installing seccomp",
                                 "execve",
                                 "setsid",
-                                "opening /dev/null"};
+                                "opening /dev/null",
+                                "joining the user namespace"};
   return step > 0 && step < static_cast<int>(std::size(names)) ? names[step]
                                                                : "unknown step";
 }
 
 }  // namespace
+
+uint32_t HostIdOf(std::string_view ns, std::string_view name) {
+  // FNV-1a over "ns/name": stable across builds and machines.
+  uint32_t h = 2166136261u;
+  auto mix = [&](std::string_view s) {
+    for (unsigned char c : s) h = (h ^ c) * 16777619u;
+  };
+  mix(ns);
+  mix("/");
+  mix(name);
+  return kFirstHostId + (h & ((1u << 28) - 1));
+}
 
 // ---- Cgroup ----
 
@@ -842,9 +933,17 @@ absl::Status PrepareDevDir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   struct statvfs vfs;
-  if (statvfs(dir.c_str(), &vfs) == 0 && (vfs.f_flag & ST_NODEV))
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir, " is on a nodev filesystem"));
+  if (statvfs(dir.c_str(), &vfs) == 0 && (vfs.f_flag & ST_NODEV)) {
+    // Devices do not open on this filesystem: hold them in a small tmpfs of
+    // our own instead.
+    if (mount("silt-dev", dir.c_str(), "tmpfs", MS_NOSUID | MS_NOEXEC,
+              "mode=0755,size=64k") != 0)
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir,
+                       " is on a nodev filesystem and a tmpfs for "
+                       "device nodes cannot be mounted there: ",
+                       strerror(errno)));
+  }
   chmod(dir.c_str(), 0755);
   for (const auto& [name, minor] : kDevices) {
     std::string path = dir + "/" + name;
@@ -859,6 +958,42 @@ absl::Status PrepareDevDir(const std::string& dir) {
           absl::StrCat("mknod ", path, ": ", strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TraversableBinds>> TraversableBinds::Make(
+    const std::string& name,
+    const std::vector<std::pair<std::string, std::string>>& dirs) {
+  std::unique_ptr<TraversableBinds> b(new TraversableBinds());
+  constexpr char kTop[] = "/run/silt-criu";
+  b->root_ = absl::StrCat(kTop, "/", name);
+  std::error_code ec;
+  std::filesystem::create_directories(b->root_, ec);
+  for (const std::string& d : {std::string(kTop), b->root_}) {
+    if (chmod(d.c_str(), 0711) != 0)
+      return absl::InternalError(
+          absl::StrCat("cannot make ", d, ": ", strerror(errno)));
+  }
+  for (const auto& [key, dir] : dirs) {
+    std::string at = b->PathOf(key);
+    if (mkdir(at.c_str(), 0700) != 0 && errno != EEXIST)
+      return absl::InternalError(
+          absl::StrCat("mkdir ", at, ": ", strerror(errno)));
+    if (mount(dir.c_str(), at.c_str(), nullptr, MS_BIND, nullptr) != 0)
+      return absl::InternalError(
+          absl::StrCat("binding ", dir, " at ", at, ": ", strerror(errno)));
+    b->bound_.push_back(at);
+  }
+  return b;
+}
+
+TraversableBinds::~TraversableBinds() {
+  // rmdir only: never a recursive removal, which would reach into a source
+  // whose unbinding failed.
+  for (const auto& at : bound_) {
+    umount2(at.c_str(), MNT_DETACH);
+    rmdir(at.c_str());
+  }
+  rmdir(root_.c_str());
 }
 
 absl::Status MountTmp(const std::string& dir, uint64_t bytes) {
@@ -926,8 +1061,22 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
   if (auto s = PrepareSeccomp(); !s.ok()) return s;
   if (spec.argv.empty() || spec.argv.size() >= kMaxArgs)
     return absl::InvalidArgumentError("sandbox argv is empty or too long");
+  if (spec.host_id < kFirstHostId)
+    return absl::InvalidArgumentError(
+        "a sandbox needs the function's host id (HostIdOf)");
+  auto userns = UsernsFor(spec.host_id);
+  if (!userns.ok()) return userns.status();
 
-  // Everything the child needs, as stable strings.
+  if (spec.dev_dir.empty() || spec.tmp_dir.empty())
+    return absl::InvalidArgumentError(
+        "a sandbox needs dev_dir (PrepareDevDir) and tmp_dir (MountTmp)");
+  if (auto s = PrepareRootSkeleton(spec.root_dir); !s.ok()) return s;
+  if (mkdir((spec.root_dir + "/.oldroot").c_str(), 0755) != 0 &&
+      errno != EEXIST)
+    return absl::InternalError(
+        absl::StrCat("mkdir ", spec.root_dir, "/.oldroot: ", strerror(errno)));
+
+  // Everything the children need, as stable strings.
   std::vector<std::string> strings;
   strings.reserve(128);
   auto keep = [&](std::string s) -> const char* {
@@ -937,52 +1086,34 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
   ChildArgs a{};
   a.root = keep(spec.root_dir);
   a.old_root = keep(spec.root_dir + "/.oldroot");
-  a.tmp_opts = keep(absl::StrCat("mode=1777,size=", spec.tmp_bytes));
+  a.root_locked = LockedFlags(spec.root_dir);
   a.hostname =
       keep(spec.hostname.empty() ? "silt" : spec.hostname.substr(0, 63));
   a.proc_dir = keep(spec.root_dir + "/proc");
-  a.tmp_dir = keep(spec.root_dir + "/tmp");
-  a.dev_dir = keep(spec.root_dir + "/dev");
-  {
-    int i = 0;
-    for (const auto& [name, minor] : kDevices) {
-      a.devs[i++] = {keep(absl::StrCat(spec.root_dir, "/dev/", name)), minor};
-    }
-  }
   auto bind = [&](const std::string& src, const std::string& dst,
                   bool rw = false) {
-    a.binds[a.bind_count++] = {keep(src), keep(spec.root_dir + dst), rw};
+    a.binds[a.bind_count++] = {keep(src), keep(spec.root_dir + dst), rw,
+                               LockedFlags(src)};
   };
-  a.mkdirs[a.mkdir_count++] = keep(spec.root_dir + "/.oldroot");
-  for (const auto& d : RootLayout().dirs)
-    a.mkdirs[a.mkdir_count++] = keep(spec.root_dir + d);
-  for (const auto& [target, path] : RootLayout().links)
-    a.links[a.link_count++] = {keep(target), keep(spec.root_dir + path)};
   bind("/usr", "/usr");
   bind("/etc", "/etc");
   for (const auto& top : RootLayout().bound_tops) bind(top, top);
   bind(spec.bundle_dir, kSandboxBundleDir);
   bind(spec.secrets_dir, kSandboxSecretsDir);
   bind(spec.worker_dir, kSandboxWorkerDir);
+  // /dev (device nodes only) and /tmp (a tmpfs the invoker mounted) are bound
+  // from the host: nothing can be created in here before the ids change, and
+  // CRIU would archive a sandbox's own tmpfs with tar at every dump and
+  // restore.
+  bind(spec.dev_dir, "/dev");
+  bind(spec.tmp_dir, "/tmp", /*rw=*/true);
   if (spec.snapshot_ready) {
     if (spec.run_dir.empty())
       return absl::InvalidArgumentError(
           "a snapshot-ready sandbox needs run_dir");
     bind(spec.run_dir, kSandboxRunDir, /*rw=*/true);
-    // CRIU archives the contents of a sandbox's own tmpfs mounts with tar at
-    // every dump and restore (milliseconds each): snapshot-ready sandboxes
-    // bind /dev (device nodes only) and /tmp (a tmpfs the invoker mounted)
-    // instead, and a restore binds a fresh /tmp.
-    if (!spec.dev_dir.empty() && !spec.tmp_dir.empty()) {
-      bind(spec.dev_dir, "/dev");
-      bind(spec.tmp_dir, "/tmp", /*rw=*/true);
-      a.bound_dev_tmp = true;
-    }
   }
-  a.keep_root_uid = spec.snapshot_ready;
-  // Snapshot-ready instances run as uid 0 (without capabilities): their /proc
-  // shows processes only, nothing a uid-0 owner could write to (sysrq-trigger,
-  // sys/...).
+  // Snapshot-ready instances see processes only in /proc.
   a.proc_opts = spec.snapshot_ready ? "subset=pid" : nullptr;
 
   std::vector<char*> argv, envp;
@@ -1006,6 +1137,7 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
   a.stderr_fd = spec.stderr_fd;
   a.err_fd = err[1];
   a.devnull_fd = devnull;
+  a.userns_fd = *userns;
 
   auto proc = std::unique_ptr<SandboxedProcess>(new SandboxedProcess());
   auto cg = Cgroup::Create(spec.cgroup, spec.memory_limit_bytes,
@@ -1028,30 +1160,43 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
   a.cgroup_count = 0;
   for (const auto& f : procs) a.cgroup_procs[a.cgroup_count++] = f.c_str();
 
+  // Two stacks: EnterUserns's, then the sandbox's.
   constexpr size_t kStack = 256 << 10;
-  void* stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-  if (stack == MAP_FAILED) {
+  char* stacks =
+      static_cast<char*>(mmap(nullptr, 2 * kStack, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0));
+  if (stacks == MAP_FAILED) {
     close_all();
-    return absl::ResourceExhaustedError("mmap of the clone stack failed");
+    return absl::ResourceExhaustedError("mmap of the clone stacks failed");
   }
-  // CLONE_VM | CLONE_VFORK (as posix_spawn does): the child borrows our
-  // memory until it execs, so no page tables of this large process are
-  // copied (and torn down again at exec); we resume once it has exec'd or
-  // failed.
-  pid_t pid = clone(ChildMain, static_cast<char*>(stack) + kStack,
-                    CLONE_VM | CLONE_VFORK | CLONE_NEWPID | CLONE_NEWNS |
-                        CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD,
-                    &a);
+  a.sandbox_stack = stacks + 2 * kStack;
+  a.sandbox_pid = -1;
+  // CLONE_VM | CLONE_VFORK (as posix_spawn does): the children borrow our
+  // memory until the sandbox execs, so no page tables of this large process
+  // are copied (and torn down again at exec); we resume once EnterUserns has
+  // exited, after the sandbox exec'd or failed.
+  pid_t enter =
+      clone(EnterUserns, stacks + kStack, CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
   int clone_errno = errno;
-  munmap(stack, kStack);
+  if (enter > 0) {
+    while (waitpid(enter, nullptr, __WALL) < 0 && errno == EINTR) {
+    }
+  }
+  munmap(stacks, 2 * kStack);
   close(err[1]);
   close(devnull);
-  if (pid < 0) {
+  if (enter < 0 || a.sandbox_pid < 0) {
+    int report[2] = {0, 0};
+    ssize_t n = read(err[0], report, sizeof(report));
     close(err[0]);
-    return absl::InternalError(absl::StrCat("clone: ", strerror(clone_errno)));
+    if (n > 0)
+      return absl::InternalError(absl::StrCat("sandbox set-up failed at ",
+                                              StepName(report[0]), ": ",
+                                              strerror(report[1])));
+    return absl::InternalError(absl::StrCat(
+        "clone: ", strerror(enter < 0 ? clone_errno : a.sandbox_errno)));
   }
-  proc->pid_ = pid;
+  proc->pid_ = a.sandbox_pid;
   int report[2] = {0, 0};
   ssize_t n;
   while ((n = read(err[0], report, sizeof(report))) < 0 && errno == EINTR) {

@@ -2,8 +2,9 @@
 // namespaces (loopback only), a read-only view of the system under a fresh
 // root, the bundle and the secrets mounted read-only, a private writable /tmp,
 // a cgroup with the memory, CPU and pids limits, no capabilities, no_new_privs,
-// uid/gid 65534, and a seccomp allow-list filter (built once, before any fork)
-// that kills the process on any other syscall.
+// uid/gid kInstanceId of a user namespace that maps it to a host id of the
+// function's own (nothing else is mapped), and a seccomp allow-list filter
+// (built once, before any fork) that kills the process on any other syscall.
 #ifndef SILT_INVOKER_SANDBOX_H_
 #define SILT_INVOKER_SANDBOX_H_
 
@@ -13,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,6 +31,17 @@ inline constexpr char kSandboxSecretsDir[] = "/var/openfaas/secrets";
 // the invoker's socket after a restore.
 inline constexpr char kSandboxRunDir[] = "/var/silt/run";
 
+// The uid and gid an instance runs as: root of its own user namespace (what
+// CRIU expects of a checkpointed tree), which is the function's unprivileged
+// host id, with no capabilities.
+inline constexpr uint32_t kInstanceId = 0;
+
+// The host uid (and gid) of the instances of function `ns`/`name`: one of
+// 2^28 ids from 2^30 up, far from the ids of the host's users and of
+// container ranges, the same on every node (a restored image keeps working
+// anywhere).
+uint32_t HostIdOf(std::string_view ns, std::string_view name);
+
 struct SandboxSpec {
   std::string
       root_dir;  // empty host dir used as the mount point of the new root
@@ -44,10 +57,12 @@ struct SandboxSpec {
   uint64_t cpu_millis = 0;          // 0 = no limit
   uint64_t max_pids = 1024;
   uint64_t tmp_bytes = 64 << 20;
-  // Snapshot-ready: the worker can be checkpointed by CRIU. It then runs as
-  // uid 0 of the sandbox (still without capabilities, under no_new_privs and
-  // seccomp, with /proc limited to processes): this machine's root lacks
-  // CAP_SYS_RESOURCE, without which CRIU cannot dump another uid's rlimits.
+  // The host id kInstanceId maps to (see HostIdOf). Root owns the user
+  // namespace, so CRIU (as root) may checkpoint the instance even where root
+  // lacks CAP_SYS_RESOURCE in the host's namespace.
+  uint32_t host_id = 0;
+  // Snapshot-ready: the worker can be checkpointed by CRIU (/proc limited to
+  // processes, /dev and /tmp bound from the host, a run dir).
   bool snapshot_ready = false;
   std::string run_dir;  // host dir → kSandboxRunDir (rw), snapshot-ready only
   // Snapshot-ready, optional: host dirs bound as /dev (ro; holds the device
@@ -119,6 +134,25 @@ absl::Status PrepareRootSkeleton(const std::string& dir);
 // Fills `dir` with the device nodes sandboxes get (null, zero, full, random,
 // urandom). FailedPrecondition when its filesystem does not allow devices.
 absl::Status PrepareDevDir(const std::string& dir);
+
+// Host dirs bound at /run/silt-criu/NAME/KEY, a path any uid may traverse
+// (not list): CRIU restores the mounts of a tree in a user namespace as that
+// namespace's root, the function's host id, which cannot traverse the
+// root-only data dir to reach their sources. Unbound when destroyed.
+class TraversableBinds {
+ public:
+  // `dirs`: key → host dir.
+  static absl::StatusOr<std::unique_ptr<TraversableBinds>> Make(
+      const std::string& name,
+      const std::vector<std::pair<std::string, std::string>>& dirs);
+  ~TraversableBinds();
+  std::string PathOf(const std::string& key) const { return root_ + "/" + key; }
+
+ private:
+  TraversableBinds() = default;
+  std::string root_;
+  std::vector<std::string> bound_;
+};
 
 // Mounts a tmpfs of `bytes` at `dir` (an instance's /tmp).
 absl::Status MountTmp(const std::string& dir, uint64_t bytes);

@@ -338,7 +338,7 @@ absl::StatusOr<pid_t> Restore(const RestoreOptions& o) {
   criu_local_set_work_dir_fd(c, work);
   criu_local_set_log_file(c, "restore.log");
   criu_local_set_root(c, o.root_dir.c_str());
-  if (o.empty_net) criu_local_set_empty_ns(c, CLONE_NEWNET);
+  criu_local_set_empty_ns(c, CLONE_NEWNET);
   for (const auto& m : o.mounts)
     criu_local_add_ext_mount(c, m.key.c_str(), m.host_dir.c_str());
   int pid = criu_local_restore_child(c);
@@ -349,65 +349,6 @@ absl::StatusOr<pid_t> Restore(const RestoreOptions& o) {
         absl::StrCat("criu restore failed (", pid,
                      "): ", TailOfLog(o.work_dir + "/restore.log")));
   }
-  return static_cast<pid_t>(pid);
-}
-
-absl::StatusOr<pid_t> RestoreWithCli(const RestoreOptions& o) {
-  std::string pidfile = o.work_dir + "/restore.pid";
-  unlink(pidfile.c_str());
-  std::vector<std::string> args = {CriuBinary(),
-                                   "restore",
-                                   "-D",
-                                   o.images_dir,
-                                   "-W",
-                                   o.work_dir,
-                                   "-o",
-                                   "restore-cli.log",
-                                   "-v2",
-                                   "--root",
-                                   o.root_dir,
-                                   "--network-lock",
-                                   "skip",
-                                   "--ext-mount-map",
-                                   "auto",
-                                   "--enable-external-sharing",
-                                   "--enable-external-masters",
-                                   "--manage-cgroups=ignore",
-                                   "-d",
-                                   "--pidfile",
-                                   pidfile};
-  if (o.empty_net) {
-    args.push_back("--empty-ns");
-    args.push_back("net");
-  }
-  for (const auto& m : o.mounts) {
-    args.push_back("--ext-mount-map");
-    args.push_back(m.key + ":" + m.host_dir);
-  }
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t child = fork();
-  if (child == 0) {
-    int null = open("/dev/null", O_RDWR);
-    dup2(null, 0);
-    dup2(null, 1);
-    dup2(null, 2);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  if (child < 0) return absl::InternalError("fork failed");
-  int st = 0;
-  while (waitpid(child, &st, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-    return absl::InternalError(
-        absl::StrCat("criu restore (command) failed: ",
-                     TailOfLog(o.work_dir + "/restore-cli.log")));
-  int pid = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadAll(pidfile)), &pid) ||
-      pid <= 0)
-    return absl::InternalError("criu restore wrote no pidfile");
   return static_cast<pid_t>(pid);
 }
 

@@ -630,6 +630,41 @@ TEST_F(SnapshotTest, RestoreAndForkKeepInitState) {
   EXPECT_NE(metrics.body.find("tier=\"fork\""), std::string::npos);
 }
 
+// Every start tier runs the instance as root of its own user namespace,
+// which is an unprivileged host id of the function's own: root-only host
+// files stay closed, the function's secrets open, and restored and forked
+// clones keep the id they were checkpointed with.
+TEST_F(SnapshotTest, EveryTierRunsAsTheFunctionsOwnUnprivilegedHostId) {
+  ASSERT_EQ(gw_->Call("POST", "/system/secrets",
+                      R"({"name":"api-key","value":"k3y"})")
+                .status,
+            201);
+  Deploy({{"service", "probe"}, {"secrets", {"api-key"}}});
+  Deploy({{"service", "other"}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  WaitSnapshot("probe");
+  std::string probe_ids = Invoke("GET", "/function/probe/whoami").body;
+  std::string other_ids = Invoke("GET", "/function/other/whoami").body;
+  EXPECT_TRUE(absl::StartsWith(probe_ids, "uid=0 gid=0 maps 0->")) << probe_ids;
+  EXPECT_TRUE(absl::EndsWith(probe_ids, "x1")) << probe_ids;
+  EXPECT_NE(probe_ids, other_ids) << "each function has its own host id";
+  uint64_t host = 0;
+  ASSERT_TRUE(
+      absl::SimpleAtoi(probe_ids.substr(20, probe_ids.size() - 22), &host))
+      << probe_ids;
+  EXPECT_GE(host, 1u << 30);
+  for (const char* tier : {"boot", "restore", "fork", "criu"}) {
+    auto r = Cold(tier, "/function/probe/whoami");
+    EXPECT_EQ(r.Header("X-Silt-Start"), tier);
+    EXPECT_EQ(r.body, probe_ids) << tier;
+    r = Cold(tier, "/function/probe/read?path=/etc/shadow");
+    EXPECT_EQ(r.status, 403) << tier << ": " << r.body;
+    EXPECT_EQ(r.body, "denied: Permission denied") << tier;
+    r = Cold(tier, "/function/probe/secret?name=api-key");
+    EXPECT_EQ(r.body, "k3y") << tier;
+  }
+}
+
 // silt-restorer maps the image's pages instead of copying them (the restored
 // process's memory is backed by pages-1.img); with --criu-restore, CRIU
 // restores the same image by copying. Both keep the state.

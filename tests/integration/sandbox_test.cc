@@ -2,6 +2,7 @@
 #include "sandbox.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <fstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/process.h"
 #include "gtest/gtest.h"
 
@@ -27,9 +29,18 @@ class SandboxTest : public ::testing::Test {
     std::ofstream(dir_ + "/bundle/data.txt") << "bundle-data";
     std::ofstream(dir_ + "/secrets/token") << "s3cret";
     std::filesystem::permissions(dir_, std::filesystem::perms(0755));
+    ASSERT_TRUE(PrepareDevDir(dir_ + "/dev").ok());
+    ASSERT_TRUE(MountTmp(dir_ + "/tmp", 16 << 20).ok());
+    // As the invoker does: the secrets are the function's host id's alone.
+    for (const char* p : {"/secrets/token", "/secrets"}) {
+      ASSERT_EQ(chown((dir_ + p).c_str(), host_id_, host_id_), 0);
+      ASSERT_EQ(chmod((dir_ + p).c_str(), 0500), 0);
+    }
   }
   void TearDown() override {
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    if (dir_.empty()) return;
+    umount2((dir_ + "/tmp").c_str(), MNT_DETACH);
+    std::filesystem::remove_all(dir_);
   }
 
   struct Result {
@@ -51,6 +62,9 @@ class SandboxTest : public ::testing::Test {
     spec.argv = {"/bin/sh", "-c", script};
     spec.env = {"PATH=/usr/bin:/bin"};
     spec.hostname = "fn-test";
+    spec.host_id = host_id_;
+    spec.dev_dir = dir_ + "/dev";
+    spec.tmp_dir = dir_ + "/tmp";
     spec.cgroup =
         "silt/test/" + std::to_string(getpid()) + "-" + std::to_string(++n_);
     spec.memory_limit_bytes = memory;
@@ -73,12 +87,16 @@ class SandboxTest : public ::testing::Test {
   }
   std::string dir_;
   int n_ = 0;
+  const uint32_t host_id_ = HostIdOf("test", "fn");
 };
 
 TEST_F(SandboxTest, IsolatedReadOnlyUnprivileged) {
   auto r = RunSh(
       "echo pid=$$; echo sid=$(cut -d' ' -f6 /proc/1/stat); echo "
-      "host=$(hostname); echo uid=$(id -u); cat "
+      "host=$(hostname); echo uid=$(id -u) gid=$(id -g); set -- $(cat "
+      "/proc/self/uid_map); echo map=$1 $2 $3; "
+      "cat /etc/shadow >/dev/null 2>&1 && echo shadow-read || echo "
+      "shadow-denied; cat "
       "/var/silt/bundle/data.txt; "
       "echo; cat /var/openfaas/secrets/token; echo; "
       "touch /usr/x 2>/dev/null && echo usr-writable || echo usr-ro; "
@@ -98,7 +116,13 @@ TEST_F(SandboxTest, IsolatedReadOnlyUnprivileged) {
   EXPECT_TRUE(absl::StrContains(r.out, "sid=1\n"))
       << r.out;  // its own session (CRIU needs it)
   EXPECT_TRUE(absl::StrContains(r.out, "host=fn-test\n")) << r.out;
-  EXPECT_TRUE(absl::StrContains(r.out, "uid=65534\n")) << r.out;
+  // Root of a user namespace mapping only it, to the function's own host
+  // id, with no capabilities: root-only host files stay closed.
+  EXPECT_TRUE(absl::StrContains(r.out, "uid=0 gid=0\n")) << r.out;
+  EXPECT_TRUE(
+      absl::StrContains(r.out, absl::StrCat("map=0 ", host_id_, " 1\n")))
+      << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "shadow-denied\n")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "bundle-data\n")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "s3cret\n")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "usr-ro\n")) << r.out;

@@ -89,20 +89,13 @@ struct RestoreOptions {
   std::string root_dir;  // empty directory with the sandbox's mount points
   std::string work_dir;  // writable, for restore.log
   std::vector<ExternalMount> mounts;
-  // Give the tree a new, empty network namespace instead of replaying the
-  // dumped one (CRIU runs ip and iptables-restore for that: tens of ms). The
-  // caller brings loopback up.
-  bool empty_net = true;
 };
 
-// Restores the tree as a child of the caller; returns the new root's PID (in
-// the caller's PID namespace). Tasks stay in the caller's cgroups.
+// Restores the tree as a child of the caller, in a new, empty network
+// namespace (replaying the dumped one runs ip and iptables-restore: tens of
+// ms; the caller brings loopback up); returns the new root's PID (in the
+// caller's PID namespace). Tasks stay in the caller's cgroups.
 absl::StatusOr<pid_t> Restore(const RestoreOptions& o);
-
-// Runs the plain CRIU command (`criu restore -d` with the same options) for a
-// baseline; returns the restored root's PID, reparented to the caller when it
-// is a child subreaper.
-absl::StatusOr<pid_t> RestoreWithCli(const RestoreOptions& o);
 
 }  // namespace silt::snapshot
 

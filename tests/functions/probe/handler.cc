@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -364,6 +365,24 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
     return silt::Response::Text(200, std::to_string(engine()) + " " +
                                          std::to_string(random()) + " " +
                                          std::to_string(restores));
+  }
+  if (path == "/whoami") {  // ids here, and the host id uid 0 maps to
+    std::ifstream in("/proc/self/uid_map");
+    unsigned long inside = 0, host = 0, count = 0;
+    in >> inside >> host >> count;
+    return silt::Response::Text(
+        200, "uid=" + std::to_string(getuid()) + " gid=" +
+                 std::to_string(getgid()) + " maps " + std::to_string(inside) +
+                 "->" + std::to_string(host) + "x" + std::to_string(count));
+  }
+  if (path == "/read") {  // can this instance read a file?
+    std::string file = Param(req.query, "path");
+    FILE* f = fopen(file.c_str(), "r");
+    if (f == nullptr)
+      return silt::Response::Text(403,
+                                  std::string("denied: ") + strerror(errno));
+    fclose(f);
+    return silt::Response::Text(200, "readable");
   }
   if (path == "/identity")
     return silt::Response::Text(200, std::string(ctx.instance_id()));
