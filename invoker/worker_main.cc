@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -311,6 +312,21 @@ class NativeRuntime {
 
 // ---- exec, classic: fork fprocess per request ----
 
+// Reads what `fd` (non-blocking) holds into `out`; false at end of file or
+// on an error.
+bool Drain(int fd, std::string& out) {
+  char buf[65536];
+  while (true) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      out.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && errno == EAGAIN;
+  }
+}
+
 class ClassicRuntime {
  public:
   absl::Status Start(const WorkerConfig& cfg) {
@@ -350,6 +366,7 @@ class ClassicRuntime {
     pid_t pid = fork();
     if (pid == 0) {
       UnblockSignals();
+      setpgid(0, 0);  // its leftovers are killed with the group
       dup2(in[0], 0);
       dup2(out[1], 1);
       environ = envp.data();
@@ -364,6 +381,10 @@ class ClassicRuntime {
       close(out[0]);
       return Error(500, "fork of fprocess failed");
     }
+    // The call ends when the process exits (not when every process holding
+    // its stdout has closed it): watched through a pidfd.
+    int exited = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
     // Feed stdin and drain stdout together so that neither side blocks the
     // other.
     const std::string& body = c.body();
@@ -380,8 +401,11 @@ class ClassicRuntime {
             ? std::optional(start + std::chrono::milliseconds(c.timeout_ms()))
             : std::nullopt;
     bool timed_out = false;
-    while (true) {
-      pollfd fds[2] = {{out[0], POLLIN, 0}, {in_open ? in[1] : -1, POLLOUT, 0}};
+    bool done = false;
+    while (!done) {
+      pollfd fds[3] = {{out[0], POLLIN, 0},
+                       {in_open ? in[1] : -1, POLLOUT, 0},
+                       {exited, POLLIN, 0}};
       int wait_ms = -1;
       if (deadline) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -392,9 +416,14 @@ class ClassicRuntime {
         }
         wait_ms = static_cast<int>(left.count());
       }
-      int r = poll(fds, 2, wait_ms);
+      int r = poll(fds, 3, wait_ms);
       if (r < 0 && errno == EINTR) continue;
       if (r == 0) continue;
+      // Exited: take what it wrote (still in the pipe) and stop there.
+      if (fds[2].revents & POLLIN) {
+        fds[0].revents |= POLLIN;
+        done = true;
+      }
       if (in_open && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
         ssize_t n = write(in[1], body.data() + written, body.size() - written);
         if (n > 0) written += static_cast<size_t>(n);
@@ -405,17 +434,15 @@ class ClassicRuntime {
         }
       }
       if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-        char buf[65536];
-        ssize_t n = read(out[0], buf, sizeof(buf));
-        if (n > 0) {
-          output.append(buf, static_cast<size_t>(n));
-        } else if (n == 0 || errno != EINTR) {
-          break;
-        }
+        if (!Drain(out[0], output)) done = true;
       }
     }
     if (in_open) close(in[1]);
     close(out[0]);
+    if (exited >= 0) close(exited);
+    // Whatever it left behind (a child still holding stdout, a daemon) ends
+    // with the call.
+    kill(-pid, SIGKILL);
     if (timed_out) kill(pid, SIGKILL);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {

@@ -441,11 +441,11 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
         "label com.openfaas.scale.min must not exceed com.openfaas.scale.max");
   }
   for (const auto& secret : d->secrets) {
-    auto s = store_->GetSecret(*ns, secret);
-    if (absl::IsNotFound(s.status()))
+    auto s = store_->FindSecret(*ns, secret);
+    if (absl::IsNotFound(s))
       return absl::InvalidArgumentError(
           absl::StrCat("unable to find secret: ", secret));
-    if (!s.ok()) return s.status();
+    if (!s.ok()) return s;
   }
 
   if (auto digest = proclets::BundleDigestOf(d->image); !digest.ok()) {
@@ -735,10 +735,9 @@ absl::StatusOr<HttpResponse> Api::WriteSecret(const HttpRequest& req,
   auto ns = ResolveNamespace(secret->ns, req);
   if (!ns.ok()) return ns.status();
   std::lock_guard<std::mutex> lock(write_mu_);
-  auto existing = store_->GetSecret(*ns, secret->name);
-  if (!existing.ok() && !absl::IsNotFound(existing.status()))
-    return existing.status();
-  if (update && !existing.ok()) return existing.status();
+  absl::Status existing = store_->FindSecret(*ns, secret->name);
+  if (!existing.ok() && !absl::IsNotFound(existing)) return existing;
+  if (update && !existing.ok()) return existing;
   if (!update && existing.ok()) {
     return absl::AlreadyExistsError(absl::StrCat(
         "secret ", secret->name, " already exists in namespace ", *ns,
@@ -772,8 +771,8 @@ absl::StatusOr<HttpResponse> Api::DeleteSecret(const HttpRequest& req) {
   auto ns = ResolveNamespace(secret->ns, req);
   if (!ns.ok()) return ns.status();
   std::lock_guard<std::mutex> lock(write_mu_);
-  auto existing = store_->GetSecret(*ns, secret->name);
-  if (!existing.ok()) return existing.status();
+  if (auto existing = store_->FindSecret(*ns, secret->name); !existing.ok())
+    return existing;
   store::WriteBatch batch;
   batch.DeleteSecret(*ns, secret->name);
   if (auto s = store_->Write(batch); !s.ok()) return s;

@@ -212,7 +212,15 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     }
     for (const auto& name : d->secrets) {
       auto secret = store->GetSecret(rec.ns, name);
-      if (secret.ok()) (*s.mutable_secrets())[name] = secret->value;
+      if (secret.ok()) {
+        (*s.mutable_secrets())[name] = secret->value;
+      } else {
+        // The instances start without it (the function reads no file there),
+        // and the operator learns why.
+        fprintf(stderr, "silt-gateway: function %s.%s: secret %s: %s\n",
+                rec.name.c_str(), rec.ns.c_str(), name.c_str(),
+                std::string(secret.status().message()).c_str());
+      }
     }
     for (const auto& c : d->constraints) {
       std::string flat = absl::StrReplaceAll(c, {{" ", ""}});

@@ -315,8 +315,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // Snapshot images complete on this node, by id.
   std::map<std::string, snapshot::Manifest> images;
   std::map<std::string, std::shared_ptr<std::mutex>> image_locks;
-  std::string snapshot_dir;  // DATA_DIR/snapshots
-  std::string dev_dir;       // DATA_DIR/dev: device nodes bound as /dev
+  std::string snapshot_dir;   // DATA_DIR/snapshots
+  std::string dev_dir;        // DATA_DIR/dev: device nodes bound as /dev
+  std::string root_skeleton;  // DATA_DIR/root: every sandbox's mount points
   bool bind_dev_tmp = false;
   bool snapshots_on = false;     // options.snapshots and CRIU 4.1+ present
   bool fast_restore_on = false;  // silt-restorer is installed
@@ -502,7 +503,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   absl::Status SandboxFor(const FunctionSpec& spec, const Bundle& bundle,
                           Instance& inst, bool snapshot_ready,
                           SandboxSpec* sb) {
-    sb->root_dir = inst.base_dir + "/root";
+    sb->root_dir = root_skeleton;  // shared: every mount on it is private
     sb->host_id = inst.host_id;
     sb->bundle_dir = bundle.dir;
     sb->secrets_dir = inst.base_dir + "/secrets";
@@ -2436,6 +2437,8 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
             "can take milliseconds longer): %s\n",
             std::string(favored.status().message()).c_str());
   impl->snapshot_dir = options.data_dir + "/snapshots";
+  impl->root_skeleton = options.data_dir + "/root";
+  if (auto s = PrepareRootSkeleton(impl->root_skeleton); !s.ok()) return s;
   impl->dev_dir = options.data_dir + "/dev";
   if (auto s = PrepareDevDir(impl->dev_dir); s.ok()) {
     impl->bind_dev_tmp = true;

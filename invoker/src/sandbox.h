@@ -43,8 +43,9 @@ inline constexpr uint32_t kInstanceId = 0;
 uint32_t HostIdOf(std::string_view ns, std::string_view name);
 
 struct SandboxSpec {
-  std::string
-      root_dir;  // empty host dir used as the mount point of the new root
+  // The root's mount points (PrepareRootSkeleton; made when missing). May be
+  // shared by every sandbox: the mounts on it are private to each.
+  std::string root_dir;
   std::string bundle_dir;   // host dir → kSandboxBundleDir (ro)
   std::string secrets_dir;  // host dir → kSandboxSecretsDir (ro)
   std::string

@@ -2,8 +2,9 @@
 // the gateway) of a call served by a new instance, for functions with 1, 64
 // and 256 MiB of heap built in init, per start tier, all in one run:
 //   boot     exec of a sandboxed worker + the function's init
-//   criu     the plain `criu restore` command on the same image (kdat cached,
-//            images in the page cache: CRIU at its sensible best)
+//   criu     CRIU at its best on the same image: libcriu with the options
+//            Silt's own CRIU path uses (empty network namespace, loopback
+//            brought up, kdat cached, images in the page cache)
 //   restore  Silt's restore (silt-restorer staged ahead in a ready sandbox,
 //            mapping the image; see README "Cold starts")
 //   fork     a clone forked from the resident template

@@ -50,13 +50,22 @@ std::string GatewayProcess::auth_header() const {
 }
 
 std::string GatewayProcess::PushTestBundle(const std::string& name) const {
+  return PushExecBundle(name, "cat",
+                        {{"README", "test bundle " + name + "\n"}});
+}
+
+std::string GatewayProcess::PushExecBundle(
+    const std::string& name, const std::string& entry,
+    const std::vector<std::pair<std::string, std::string>>& files) const {
   proclets::BundleManifest m;
   m.kind = "exec";
-  m.entry = "cat";
+  m.entry = entry;
   m.mode = "classic";
   m.name = name;
-  auto tar =
-      proclets::PackBundle(m, {{"README", "test bundle " + name + "\n", 0644}});
+  std::vector<proclets::BundleFile> contents;
+  for (const auto& [path, content] : files)
+    contents.push_back({path, content, 0644});
+  auto tar = proclets::PackBundle(m, std::move(contents));
   EXPECT_TRUE(tar.ok()) << tar.status();
   std::string digest = proclets::Sha256Digest(*tar);
   auto r = Call("POST", "/system/bundles?digest=" + digest, *tar);

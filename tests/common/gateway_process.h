@@ -32,6 +32,11 @@ class GatewayProcess {
   // Pushes a small exec bundle (classic mode, `cat`) and returns
   // "NAME@sha256:...".
   std::string PushTestBundle(const std::string& name = "test") const;
+  // Pushes an exec bundle (classic mode) whose fprocess is `entry`, holding
+  // `files` (path, content); returns "NAME@sha256:...".
+  std::string PushExecBundle(
+      const std::string& name, const std::string& entry,
+      const std::vector<std::pair<std::string, std::string>>& files) const;
 
   deploy::HttpResult Call(const std::string& method, const std::string& path,
                           const std::string& body = "", bool with_auth = true,

@@ -397,6 +397,22 @@ TEST_F(FunctionsTest, ExecTimeoutIs504) {
   EXPECT_EQ(Invoke("GET", "/function/probe/sleep?ms=1").status, 200);
 }
 
+// A classic-mode call ends when its process exits, even if a child it left
+// still holds its stdout; the leftovers die with the call.
+TEST_F(FunctionsTest, ClassicCallEndsWhenItsProcessExits) {
+  std::string image = gw_->PushExecBundle(
+      "leftover", "sh run.sh",
+      {{"run.sh", "echo started; sleep 600 & echo done\n"}});
+  Deploy({{"service", "leftover"},
+          {"image", image},
+          {"envVars", {{"exec_timeout", "120s"}}}});
+  for (int i = 0; i < 3; ++i) {
+    auto r = Invoke("POST", "/function/leftover", "x");
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.body, "started\ndone\n");
+  }
+}
+
 TEST_F(FunctionsTest, FullQueueIs429) {
   // One instance, one queued call (--max-queue 1): of four concurrent slow
   // calls two run (one after the other) and two are refused.
