@@ -2279,6 +2279,11 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
   if (auto s = PrepareSeccomp(); !s.ok()) return s;
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir + "/bundles", ec);
+  // Root's alone: images hold functions' memory, instances their secrets.
+  // Sandboxes reach what they need through bind mounts, made as root.
+  if (chmod(options.data_dir.c_str(), 0700) != 0)
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cannot make ", options.data_dir, " owner-only: ", strerror(errno)));
   // Sandboxes see a directory holding only silt-worker (CRIU cannot restore
   // file bind mounts, so the binary is not bound on its own).
   impl->worker_dir = options.data_dir + "/bin";

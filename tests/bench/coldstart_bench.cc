@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     double criu = Pct(r["criu"].e2e, 0.5);
     printf(
         "%dMiB: restore %.2fx (burst %.2fx), fork %.2fx, boot %.2fx faster "
-        "than plain CRIU (e2e p50)\n",
+        "than CRIU (libcriu with Silt's options; e2e p50)\n",
         mb, criu / std::max(1e-9, Pct(r["restore"].e2e, 0.5)),
         criu / std::max(1e-9, Pct(r["burst"].e2e, 0.5)),
         criu / std::max(1e-9, Pct(r["fork"].e2e, 0.5)),

@@ -679,6 +679,10 @@ TEST_F(SnapshotTest, EveryTierRunsAsTheFunctionsOwnUnprivilegedHostId) {
     r = Cold(tier, "/function/probe/secret?name=api-key");
     EXPECT_EQ(r.body, "k3y") << tier;
   }
+  // The node's data dir (images, instances' secrets) is root's alone.
+  EXPECT_EQ(std::filesystem::status(dir_ + "/node-a").permissions() &
+                std::filesystem::perms::all,
+            std::filesystem::perms::owner_all);
 }
 
 // silt-restorer maps the image's pages instead of copying them (the restored
