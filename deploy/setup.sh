@@ -27,8 +27,9 @@ PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libseccomp-dev libboost-dev nlohmann-json3-dev libyaml-cpp-dev
   libcli11-dev libspdlog-dev libfmt-dev libssl-dev zlib1g-dev
-  # tests and benchmarks
+  # tests and benchmarks (clang and its runtimes: libFuzzer, ASan, UBSan)
   libgtest-dev libgmock-dev libbenchmark-dev nginx-light redis-server redis-tools
+  clang libclang-rt-dev
   # runtimes
   containerd runc iproute2 busybox-static
   # CRIU saves and restores network namespaces with iptables-save/-restore

@@ -19,3 +19,10 @@ time cmake --build "$BUILD_DIR" -j 2
 step "test (ctest)"
 # Root-only tests (CRIU, namespaces, cgroups) run when this script runs as root, as in CI.
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 600 "$@"
+
+# The parsers under libFuzzer (clang, ASan+UBSan), each for a bounded time from
+# its seed corpus; a crash fails the run with its reproducer.
+if [ $# -eq 0 ]; then
+  step "fuzz (${SILT_FUZZ_SECONDS:-20} s per target)"
+  bash deploy/fuzz.sh "${SILT_FUZZ_SECONDS:-20}"
+fi

@@ -14,7 +14,40 @@
 namespace silt::deploy {
 namespace {
 
+// The offset of the first byte that is not part of well-formed UTF-8, or
+// npos.
+size_t NotUtf8At(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80           ? 1
+               : (c >> 5) == 0x6  ? 2
+               : (c >> 4) == 0xe  ? 3
+               : (c >> 3) == 0x1e ? 4
+                                  : 0;
+    if (n == 0 || i + n > s.size()) return i;
+    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (size_t k = 1; k < n; ++k) {
+      unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc >> 6) != 0x2) return i;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    // Overlong forms, surrogates and beyond U+10FFFF.
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) ||
+        (n == 4 && cp < 0x10000) || (cp >= 0xd800 && cp <= 0xdfff) ||
+        cp > 0x10ffff)
+      return i;
+    i += n;
+  }
+  return absl::string_view::npos;
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  // A regular file only: a device (/dev/zero) or a fifo would never end.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    return absl::NotFoundError(
+        absl::StrCat("cannot open ", path, ": not a regular file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::stringstream ss;
@@ -101,6 +134,9 @@ std::string EnvSubst(
 
 absl::StatusOr<Stack> ParseStack(absl::string_view yaml, const std::string& dir,
                                  bool envsubst) {
+  if (size_t bad = NotUtf8At(yaml); bad != absl::string_view::npos)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stack file is not UTF-8 text (byte ", bad, "): save it as UTF-8"));
   std::string text = envsubst ? EnvSubst(yaml) : std::string(yaml);
   Stack stack;
   try {
@@ -224,7 +260,9 @@ std::string DeploymentJson(const StackFunction& f) {
   if (!f.limits.empty()) j["limits"] = resources(f.limits);
   if (!f.requests.empty()) j["requests"] = resources(f.requests);
   if (f.readonly_root_filesystem) j["readOnlyRootFilesystem"] = true;
-  return j.dump();
+  // An environment file's bytes are not checked: never throw on them.
+  return j.dump(-1, ' ', false,
+                nlohmann::ordered_json::error_handler_t::replace);
 }
 
 }  // namespace silt::deploy

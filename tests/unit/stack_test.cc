@@ -62,6 +62,29 @@ TEST(Stack, RejectsWrongProviderAndVersion) {
       ParseStack("provider: {name: openfaas}\nfunctions: [", ".").ok());
 }
 
+// Found by stack_yml_fuzz: non-UTF-8 bytes made `silt deploy` abort.
+TEST(Stack, NonUtf8IsAClearErrorAndDevicesAreNotEnvFiles) {
+  std::string latin1 =
+      "provider: {name: openfaas}\nfunctions: {a: {image: x, fprocess: "
+      "\"caf\xe9\"}}\n";
+  auto s = ParseStack(latin1, ".");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("not UTF-8 text (byte 67)"),
+            std::string::npos)
+      << s.status();
+  EXPECT_TRUE(ParseStack("provider: {name: openfaas}\nfunctions: {a: {image: "
+                         "x, fprocess: \"caf\xc3\xa9\"}}\n",
+                         ".")
+                  .ok());
+  s = ParseStack(
+      "provider: {name: openfaas}\nfunctions: {a: {image: x, "
+      "environment_file: [/dev/zero]}}\n",
+      ".");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("not a regular file"), std::string::npos)
+      << s.status();
+}
+
 TEST(Stack, EnvSubst) {
   auto lookup = [](const std::string& k) -> std::optional<std::string> {
     if (k == "TAG") return "v2";
