@@ -848,6 +848,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     {
       std::lock_guard<std::mutex> l(mu);
       --call->node->inflight[key];
+      if (s.ok() && call->res.has_count())
+        call->node->counts[key] = call->res.count();
     }
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
         call->tried.size() < 3 && !shutting_down) {

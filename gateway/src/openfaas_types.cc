@@ -1,5 +1,6 @@
 #include "openfaas_types.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 
@@ -229,9 +230,14 @@ ordered_json ToStatusJson(const FunctionDeployment& d,
   ordered_json o = ordered_json::object();
   o["name"] = d.service;
   AppendCommon(d, o, /*maps_always=*/true);
+  // As OpenFaaS providers label what they run (dashboards group by it).
+  if (!o["labels"].contains("faas_function"))
+    o["labels"]["faas_function"] = d.service;
   if (extra.invocation_count != 0)
     o["invocationCount"] = extra.invocation_count;
-  if (extra.replicas != 0) o["replicas"] = extra.replicas;
+  // Desired is never below what runs (a function scaled from zero by a call).
+  uint64_t replicas = std::max(extra.replicas, extra.available_replicas);
+  if (replicas != 0) o["replicas"] = replicas;
   if (extra.available_replicas != 0)
     o["availableReplicas"] = extra.available_replicas;
   o["createdAt"] = FormatRfc3339Nano(extra.created_at_unix_nanos);

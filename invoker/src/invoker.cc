@@ -1815,6 +1815,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     } else {
       Release(*pool, *std::move(inst));
     }
+    std::lock_guard<std::mutex> l(mu);
+    *res->mutable_count() = CountLocked(*pool);
     return grpc::Status::OK;
   }
 
@@ -2105,19 +2107,23 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     return 0;
   }
 
+  v1::InstanceCount CountLocked(const Pool& pool) {
+    v1::InstanceCount c;
+    c.set_name(pool.spec.name());
+    c.set_namespace_(pool.spec.namespace_());
+    c.set_generation(pool.spec.generation());
+    c.set_ready(static_cast<uint32_t>(pool.idle.size() + pool.busy));
+    c.set_busy(static_cast<uint32_t>(pool.busy));
+    return c;
+  }
+
   v1::LoadReport Report(uint64_t seq) {
     v1::LoadReport r;
     r.set_seq(seq);
     std::lock_guard<std::mutex> l(mu);
     uint64_t mem = 0;
     for (const auto& [key, pool] : pools) {
-      auto* c = r.add_instances();
-      c->set_name(pool->spec.name());
-      c->set_namespace_(pool->spec.namespace_());
-      c->set_generation(pool->spec.generation());
-      c->set_ready(static_cast<uint32_t>(pool->idle.size()) +
-                   static_cast<uint32_t>(pool->busy));
-      c->set_busy(static_cast<uint32_t>(pool->busy));
+      *r.add_instances() = CountLocked(*pool);
       for (const auto& inst : pool->idle)
         mem += inst->proc->cgroup().MemoryUsage();
     }

@@ -413,6 +413,19 @@ TEST_F(FunctionsTest, ClassicCallEndsWhenItsProcessExits) {
   }
 }
 
+// faas-cli describe right after an answer says Ready: the reply carries the
+// node's instance count; replicas is never below what runs.
+TEST_F(FunctionsTest, AvailableReplicasIsRightTheMomentACallAnswers) {
+  Deploy({{"service", "probe"}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  auto s = json::parse(gw_->Call("GET", "/system/function/probe").body);
+  EXPECT_GE(s.value("availableReplicas", 0), 1) << s;
+  EXPECT_GE(s.value("replicas", 0), s.value("availableReplicas", 0)) << s;
+  EXPECT_EQ(s["labels"]["faas_function"], "probe") << s;
+  auto d = Silt({"describe", "probe"});
+  EXPECT_TRUE(absl::StrContains(d.out, "Status:           Ready")) << d.out;
+}
+
 TEST_F(FunctionsTest, FullQueueIs429) {
   // One instance, one queued call (--max-queue 1): of four concurrent slow
   // calls two run (one after the other) and two are refused.

@@ -137,7 +137,7 @@ TEST_F(GatewayApiTest, DeployEchoesExactlyWhatWasDeployed) {
   EXPECT_EQ(s["namespace"], "openfaas-fn");
   EXPECT_EQ(s["envProcess"], "./handler");
   EXPECT_EQ(s["envVars"], json({{"A", "1"}, {"B", "x=y"}}));
-  EXPECT_EQ(s["labels"], json({{"team", "core"}}));
+  EXPECT_EQ(s["labels"], json({{"team", "core"}, {"faas_function", "hello"}}));
   EXPECT_EQ(s["annotations"], json::object());  // always an object in status
   EXPECT_EQ(s["limits"], json({{"memory", "128M"}, {"cpu", "500m"}}));
   EXPECT_EQ(s["constraints"], json({"node=a"}));

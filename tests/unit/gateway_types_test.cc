@@ -33,10 +33,10 @@ TEST(OpenFaasTypes, StatusJsonFollowsOmitempty) {
   d.image = "img";
   d.ns = "openfaas-fn";
   auto j = ToStatusJson(d, {.created_at_unix_nanos = 1700000000500000000});
-  EXPECT_EQ(
-      j.dump(),
-      R"({"name":"fn","image":"img","namespace":"openfaas-fn","labels":{},)"
-      R"("annotations":{},"createdAt":"2023-11-14T22:13:20.5Z"})");
+  EXPECT_EQ(j.dump(),
+            R"({"name":"fn","image":"img","namespace":"openfaas-fn",)"
+            R"("labels":{"faas_function":"fn"},)"
+            R"("annotations":{},"createdAt":"2023-11-14T22:13:20.5Z"})");
   // The stored form keeps "not given" distinct from "empty".
   EXPECT_EQ(ToJson(d).dump(),
             R"({"service":"fn","image":"img","namespace":"openfaas-fn"})");
