@@ -128,21 +128,23 @@ class Session : public std::enable_shared_from_this<Session> {
     // The handler may answer from any thread: hop back onto this connection's
     // strand. It answers once; an exception it lets out is answered with 500
     // here (the last line of defence: never an abort of the daemon).
-    auto answered = std::make_shared<std::atomic<bool>>(false);
-    Reply reply = [self = shared_from_this(), answered](HttpResponse res) {
-      if (answered->exchange(true)) return;
+    // One request at a time per connection (the next is read once this one
+    // is answered): the flag and the buffer are reused across requests.
+    answered_ = false;
+    what_.assign(req.method).append(" ").append(req.path);
+    Reply reply = [self = shared_from_this()](HttpResponse res) {
+      if (self->answered_.exchange(true)) return;
       asio::dispatch(self->stream_.get_executor(),
                      [self, res = std::move(res)]() mutable {
                        self->Write(std::move(res), self->keep_alive_);
                      });
     };
-    std::string what = absl::StrCat(req.method, " ", req.path);
     try {
       handler_(std::move(req), reply);
     } catch (const std::exception& e) {
-      reply(InternalError(what, e.what()));
+      reply(InternalError(what_, e.what()));
     } catch (...) {
-      reply(InternalError(what, "unknown exception"));
+      reply(InternalError(what_, "unknown exception"));
     }
   }
 
@@ -269,6 +271,8 @@ class Session : public std::enable_shared_from_this<Session> {
   const Handler& handler_;
   std::string remote_;
   std::vector<char> drain_;
+  std::atomic<bool> answered_{false};  // the current request has its reply
+  std::string what_;                   // its "METHOD PATH", for error logs
   size_t body_limit_ = 0;
   bool keep_alive_ = true;
   bool head_ = false;

@@ -129,7 +129,7 @@ struct Instance {
   std::string id;
   std::unique_ptr<SandboxedProcess> proc;
   int channel = -1;
-  std::string base_dir;  // DATA_DIR/instances/<id>: root, secrets, run, work
+  std::string base_dir;  // DATA_DIR/instances/<id>: secrets, run, work
   uint32_t host_id = 0;  // the function's (HostIdOf): owns secrets and run
   Clock::time_point last_used;
   bool fresh = true;  // has not served a call yet
@@ -438,14 +438,14 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 
   // ---- instances ----
 
-  // Creates DATA_DIR/instances/<id> with root/, secrets/ (the function's
-  // secrets), run/ and work/.
+  // Creates DATA_DIR/instances/<id> with secrets/ (the function's secrets),
+  // run/ and work/.
   std::unique_ptr<Instance> NewInstance(const FunctionSpec& spec) {
     auto inst = std::make_unique<Instance>();
     inst->id = absl::StrCat(spec.name(), "-", RandomId(8));
     inst->base_dir = options.data_dir + "/instances/" + inst->id;
     std::error_code ec;
-    for (const char* d : {"/root", "/secrets", "/run", "/work"})
+    for (const char* d : {"/secrets", "/run", "/work"})
       std::filesystem::create_directories(inst->base_dir + d, ec);
     // Only the function's own host id reads its secrets and uses its run dir.
     inst->host_id = HostIdOf(spec.namespace_(), spec.name());
@@ -1682,13 +1682,17 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
   }
 
-  void Release(Pool& pool, std::unique_ptr<Instance> inst) {
+  // Gives an instance back (null: it is gone); `count`, when given, gets the
+  // pool's instances after that.
+  void Release(Pool& pool, std::unique_ptr<Instance> inst,
+               v1::InstanceCount* count = nullptr) {
     std::lock_guard<std::mutex> l(mu);
     --pool.busy;
     if (inst) {
       inst->last_used = Clock::now();
       pool.idle.push_back(std::move(inst));
     }
+    if (count) *count = CountLocked(pool);
     pool.cv.notify_one();
   }
 
@@ -1809,14 +1813,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (!force.empty()) {
       // A forced start serves one call; the reaper tears the instance down
       // after the answer is out.
-      Release(*pool, nullptr);
+      Release(*pool, nullptr, res->mutable_count());
       std::lock_guard<std::mutex> l(mu);
       graveyard.push_back(*std::move(inst));
     } else {
-      Release(*pool, *std::move(inst));
+      Release(*pool, *std::move(inst), res->mutable_count());
     }
-    std::lock_guard<std::mutex> l(mu);
-    *res->mutable_count() = CountLocked(*pool);
     return grpc::Status::OK;
   }
 

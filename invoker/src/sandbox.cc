@@ -416,10 +416,20 @@ struct Layout {
 const Layout& RootLayout() {
   static const Layout* layout = [] {
     auto* l = new Layout;
-    l->dirs = {"/proc",         "/tmp",          "/dev",
-               "/usr",          "/etc",          "/var",
-               "/var/silt",     "/var/silt/bin", "/var/silt/bundle",
-               "/var/silt/run", "/var/openfaas", "/var/openfaas/secrets"};
+    // /.oldroot: where pivot_root puts the host's root (then unmounted).
+    l->dirs = {"/.oldroot",
+               "/proc",
+               "/tmp",
+               "/dev",
+               "/usr",
+               "/etc",
+               "/var",
+               "/var/silt",
+               "/var/silt/bin",
+               "/var/silt/bundle",
+               "/var/silt/run",
+               "/var/openfaas",
+               "/var/openfaas/secrets"};
     // Debian 12 merges /bin, /sbin, /lib* into /usr: keep them as links, else
     // bind them.
     for (const char* top :
@@ -441,11 +451,9 @@ const Layout& RootLayout() {
 
 constexpr uint32_t kFirstHostId = 1u << 30;
 
-// The flags of the mount holding `path` that a bind of it inside a user
-// namespace must keep when remounted.
-unsigned long LockedFlags(const std::string& path) {
-  struct statvfs st;
-  if (statvfs(path.c_str(), &st) != 0) return 0;
+// A mount's nosuid, nodev, noexec and atime flags (statvfs) as mount(2)
+// flags: what a remount must pass again to keep them.
+unsigned long KeptMountFlags(const struct statvfs& st) {
   unsigned long flags = 0;
   if (st.f_flag & ST_NOSUID) flags |= MS_NOSUID;
   if (st.f_flag & ST_NODEV) flags |= MS_NODEV;
@@ -454,6 +462,14 @@ unsigned long LockedFlags(const std::string& path) {
   if (st.f_flag & ST_NODIRATIME) flags |= MS_NODIRATIME;
   if (st.f_flag & ST_RELATIME) flags |= MS_RELATIME;
   return flags;
+}
+
+// The flags of the mount holding `path` that a bind of it inside a user
+// namespace must keep when remounted.
+unsigned long LockedFlags(const std::string& path) {
+  struct statvfs st;
+  if (statvfs(path.c_str(), &st) != 0) return 0;
+  return KeptMountFlags(st);
 }
 
 int HoldNamespace(void*) {
@@ -1044,11 +1060,11 @@ absl::Status PrepareRootSkeleton(const std::string& dir) {
     std::filesystem::create_directories(dir + d, ec);
   if (ec)
     return absl::InternalError(
-        absl::StrCat("restore root ", dir, ": ", ec.message()));
+        absl::StrCat("sandbox root ", dir, ": ", ec.message()));
   for (const auto& [target, path] : RootLayout().links) {
     if (symlink(target.c_str(), (dir + path).c_str()) != 0 && errno != EEXIST)
       return absl::InternalError(
-          absl::StrCat("restore root link ", path, ": ", strerror(errno)));
+          absl::StrCat("sandbox root link ", path, ": ", strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -1070,11 +1086,6 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
   if (spec.dev_dir.empty() || spec.tmp_dir.empty())
     return absl::InvalidArgumentError(
         "a sandbox needs dev_dir (PrepareDevDir) and tmp_dir (MountTmp)");
-  if (auto s = PrepareRootSkeleton(spec.root_dir); !s.ok()) return s;
-  if (mkdir((spec.root_dir + "/.oldroot").c_str(), 0755) != 0 &&
-      errno != EEXIST)
-    return absl::InternalError(
-        absl::StrCat("mkdir ", spec.root_dir, "/.oldroot: ", strerror(errno)));
 
   // Everything the children need, as stable strings.
   std::vector<std::string> strings;
@@ -1228,14 +1239,8 @@ absl::StatusOr<std::string> FavorCgroupMoves() {
   struct statvfs st;
   if (statvfs(target.c_str(), &st) != 0)
     return absl::InternalError(absl::StrCat(target, ": ", strerror(errno)));
-  unsigned long flags = MS_REMOUNT;
+  unsigned long flags = MS_REMOUNT | KeptMountFlags(st);
   if (st.f_flag & ST_RDONLY) flags |= MS_RDONLY;
-  if (st.f_flag & ST_NOSUID) flags |= MS_NOSUID;
-  if (st.f_flag & ST_NODEV) flags |= MS_NODEV;
-  if (st.f_flag & ST_NOEXEC) flags |= MS_NOEXEC;
-  if (st.f_flag & ST_NOATIME) flags |= MS_NOATIME;
-  if (st.f_flag & ST_NODIRATIME) flags |= MS_NODIRATIME;
-  if (st.f_flag & ST_RELATIME) flags |= MS_RELATIME;
   // v1 needs its controller list again.
   std::string opts = "favordynmods";
   if (v2.empty()) opts = "memory,favordynmods";

@@ -43,7 +43,7 @@ inline constexpr uint32_t kInstanceId = 0;
 uint32_t HostIdOf(std::string_view ns, std::string_view name);
 
 struct SandboxSpec {
-  // The root's mount points (PrepareRootSkeleton; made when missing). May be
+  // The root's mount points, made by PrepareRootSkeleton beforehand. May be
   // shared by every sandbox: the mounts on it are private to each.
   std::string root_dir;
   std::string bundle_dir;   // host dir → kSandboxBundleDir (ro)
@@ -129,7 +129,8 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
     const SandboxSpec& spec);
 
 // Makes `dir` the empty skeleton of a sandbox root (mount points and the
-// /bin → usr/bin style links) for CRIU to restore a sandbox into.
+// /bin → usr/bin style links): for Spawn (SandboxSpec::root_dir) and for
+// CRIU to restore a sandbox into. Idempotent.
 absl::Status PrepareRootSkeleton(const std::string& dir);
 
 // Fills `dir` with the device nodes sandboxes get (null, zero, full, random,

@@ -29,6 +29,7 @@ class SandboxTest : public ::testing::Test {
     std::ofstream(dir_ + "/bundle/data.txt") << "bundle-data";
     std::ofstream(dir_ + "/secrets/token") << "s3cret";
     std::filesystem::permissions(dir_, std::filesystem::perms(0755));
+    ASSERT_TRUE(PrepareRootSkeleton(dir_ + "/root").ok());
     ASSERT_TRUE(PrepareDevDir(dir_ + "/dev").ok());
     ASSERT_TRUE(MountTmp(dir_ + "/tmp", 16 << 20).ok());
     // As the invoker does: the secrets are the function's host id's alone.
