@@ -84,7 +84,29 @@ int main(int argc, char** argv) {
                  "this fraction of its memory")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 1.0));
+  int64_t async_backoff_ms = o.async_initial_backoff.count();
+  int64_t async_max_backoff_ms = o.async_max_backoff.count();
+  app.add_option("--async-attempts", o.async_max_attempts,
+                 "Runs of an async call before it becomes a dead letter")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1000u));
+  app.add_option("--async-backoff-ms", async_backoff_ms,
+                 "First wait before an async call runs again (doubles)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{3600000}));
+  app.add_option("--async-max-backoff-ms", async_max_backoff_ms,
+                 "Longest wait between runs of an async call")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+  app.add_option("--async-max-inflight", o.async_max_inflight,
+                 "Async calls of one function running at a time (label "
+                 "com.silt.async.max-inflight overrides)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 10000u));
   CLI11_PARSE(app, argc, argv);
+  o.async_initial_backoff = std::chrono::milliseconds(async_backoff_ms);
+  o.async_max_backoff = std::chrono::milliseconds(
+      std::max(async_backoff_ms, async_max_backoff_ms));
   o.rebalance = !no_rebalance;
   o.shard_split_bytes = shard_split_mib << 20;
   o.auth = !no_auth;

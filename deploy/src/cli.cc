@@ -28,6 +28,7 @@
 #include "deploy/config.h"
 #include "deploy/http_client.h"
 #include "deploy/stack.h"
+#include "async_cmd.h"
 #include "nlohmann/json.hpp"
 #include "silt/version.h"
 #include "watch.h"
@@ -660,13 +661,16 @@ void Logs(const Client& c, const std::string& name, const std::string& ns,
 int Invoke(const Client& c, const std::string& name, const std::string& ns,
            const std::string& method, const std::vector<std::string>& headers,
            const std::vector<std::string>& query,
-           const std::string& content_type, bool show_headers) {
+           const std::string& content_type, bool show_headers, bool async,
+           const std::string& callback_url) {
   std::string body;
   if (!isatty(STDIN_FILENO)) body = ReadAll(std::cin);
   HttpCall call;
-  call.method = method;
-  std::string path =
-      "/function/" + name + "." + (ns.empty() ? kDefaultNamespace : ns);
+  call.method = async ? "POST" : method;
+  if (!callback_url.empty()) call.headers.emplace_back("X-Callback-Url",
+                                                       callback_url);
+  std::string path = std::string(async ? "/async-function/" : "/function/") +
+                     name + "." + (ns.empty() ? kDefaultNamespace : ns);
   std::string q;
   for (const auto& kv : query) {
     size_t eq = kv.find('=');
@@ -693,6 +697,11 @@ int Invoke(const Client& c, const std::string& name, const std::string& ns,
     std::cerr << "Server returned unexpected status code: " << r->status
               << " - " << Trimmed(r->body) << std::endl;
     return 1;
+  }
+  if (async) {
+    std::cerr << "Function submitted asynchronously." << std::endl;
+    std::cout << r->Header("X-Call-Id") << std::endl;
+    return 0;
   }
   std::cout << r->body << std::flush;
   return 0;
@@ -1269,6 +1278,40 @@ int RunCli(int argc, char** argv) {
       ->capture_default_str();
   invoke->add_flag("-v,--verbose", show_headers,
                    "Print the response status and headers to stderr");
+  bool invoke_async = false;
+  std::string callback_url;
+  invoke->add_flag("-a,--async", invoke_async,
+                   "Queue the call (POST /async-function): prints its call id");
+  invoke->add_option("--callback-url", callback_url,
+                     "With --async: where the result is POSTed");
+
+  // async
+  auto* async_cmd =
+      app.add_subcommand("async", "List, retry and remove queued async calls");
+  async_cmd->require_subcommand(1);
+  AsyncSelection async_sel;
+  std::vector<std::string> call_ids;
+  bool async_all = false, async_dead = false;
+  auto* as_list = async_cmd->add_subcommand(
+      "list", "Calls waiting, running, or given up on (dead letters)");
+  as_list->alias("ls");
+  auto* as_retry = async_cmd->add_subcommand(
+      "retry", "Put dead letters back in the queue (attempts start over)");
+  auto* as_remove =
+      async_cmd->add_subcommand("remove", "Drop queued calls or dead letters");
+  as_remove->alias("rm");
+  for (auto* sc : {as_list, as_retry}) {
+    gw_opt(sc);
+    sc->add_option("-n,--namespace", async_sel.ns, "Only this namespace");
+    sc->add_option("--function", async_sel.function, "Only this function");
+  }
+  as_list->add_option("--state", async_sel.state, "queued, callback or dead");
+  as_list->add_flag("--dead", async_dead, "Only dead letters");
+  as_list->add_option("-o,--output", output, "table or json");
+  as_retry->add_option("CALL_ID", call_ids, "Calls to retry");
+  as_retry->add_flag("--all", async_all, "Every dead letter selected");
+  gw_opt(as_remove);
+  as_remove->add_option("CALL_ID", call_ids, "Calls to remove")->required();
 
   // local
   LocalOptions local_opts;
@@ -1558,8 +1601,21 @@ int RunCli(int argc, char** argv) {
       Logs(Client{ResolveGateway(gateway), token}, name, ns, follow, lines,
            since, since_time, log_output);
     } else if (*invoke) {
+      if (!callback_url.empty() && !invoke_async)
+        Fail("--callback-url needs --async");
       return Invoke(Client{ResolveGateway(gateway), token}, name, ns, method,
-                    headers, query, content_type, show_headers);
+                    headers, query, content_type, show_headers, invoke_async,
+                    callback_url);
+    } else if (*async_cmd) {
+      Client c{ResolveGateway(gateway), token};
+      Requester send = [&c](const std::string& m, const std::string& path,
+                            const std::string& body) {
+        return c.Call(m, path, body);
+      };
+      if (async_dead) async_sel.state = "dead";
+      if (*as_list) return AsyncList(send, async_sel, output);
+      if (*as_retry) return AsyncRetry(send, call_ids, async_all, async_sel);
+      if (*as_remove) return AsyncRemove(send, call_ids);
     } else if (*local) {
       return Local(local_opts);
     }

@@ -155,12 +155,13 @@ absl::Status ValidateName(absl::string_view kind, absl::string_view name) {
 }
 
 Api::Api(store::Store* store, Metrics* metrics, BundleStore* bundles,
-         NodeRegistry* nodes, ApiOptions options)
+         NodeRegistry* nodes, ApiOptions options, AsyncQueue* async)
     : store_(store),
       metrics_(metrics),
       bundles_(bundles),
       nodes_(nodes),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      async_(async) {}
 
 size_t Api::BodyLimit(absl::string_view path) const {
   if (path == "/system/bundles") return options_.max_bundle_bytes;
@@ -338,6 +339,13 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
     SILT_AUTH();
     if (m == "GET") return ListSnapshots(req, has_arg ? arg : "");
     if (m == "DELETE" && has_arg) return DeleteSnapshots(req, arg);
+    return MethodNotAllowed();
+  }
+  if (head == "async") {
+    route = has_arg ? "/system/async/{id}" : "/system/async";
+    SILT_AUTH();
+    if (!has_arg && m == "GET") return ListAsync(req);
+    if (has_arg) return AsyncCallAction(req, arg);
     return MethodNotAllowed();
   }
   if (head == "alert" && !has_arg) {
@@ -878,12 +886,10 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
     return res;
   }
   if (async) {
-    HttpResponse res = HttpResponse::Text(
-        501,
-        "asynchronous invocation is not available yet: call /function/ "
-        "instead");
-    decorate(res);
-    return res;
+    auto res = EnqueueAsync(req, ns, name, call_id);
+    if (!res.ok()) res = ErrorResponse(res.status());
+    decorate(*res);
+    return *std::move(res);
   }
 
   InvokeCall call;
@@ -1102,6 +1108,7 @@ HttpResponse Api::HandleMetricsPort(const HttpRequest& req) {
   HttpResponse r = HttpResponse::Empty(200);
   r.SetHeader("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
   r.body = metrics_->Render(replicas, proclets);
+  if (async_ != nullptr) r.body += async_->RenderMetrics();
   return r;
 }
 

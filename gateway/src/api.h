@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "async_queue.h"
 #include "auth.h"
 #include "bundles.h"
 #include "http_types.h"
@@ -46,8 +47,9 @@ absl::Status ValidateName(absl::string_view kind, absl::string_view name);
 
 class Api {
  public:
+  // `async` may be null: /async-function then answers 503.
   Api(store::Store* store, Metrics* metrics, BundleStore* bundles,
-      NodeRegistry* nodes, ApiOptions options);
+      NodeRegistry* nodes, ApiOptions options, AsyncQueue* async = nullptr);
 
   // The main port (:8080). `reply` may run later, on another thread (function
   // calls).
@@ -97,6 +99,14 @@ class Api {
   absl::StatusOr<HttpResponse> DeleteState(const HttpRequest& req,
                                            absl::string_view name);
   absl::StatusOr<HttpResponse> DrainNode(absl::string_view node);
+  // Async calls (api_async.cc): accepting one, and the queue's routes.
+  absl::StatusOr<HttpResponse> EnqueueAsync(const HttpRequest& req,
+                                            const std::string& ns,
+                                            const std::string& name,
+                                            const std::string& call_id);
+  absl::StatusOr<HttpResponse> ListAsync(const HttpRequest& req);
+  absl::StatusOr<HttpResponse> AsyncCallAction(const HttpRequest& req,
+                                               absl::string_view arg);
   // The rebalancer's decisions (api_events.cc).
   absl::StatusOr<HttpResponse> ListEvents(const HttpRequest& req);
 
@@ -115,6 +125,7 @@ class Api {
   BundleStore* bundles_;
   NodeRegistry* nodes_;
   ApiOptions options_;
+  AsyncQueue* async_;
   // Serialises read-check-write sequences (deploy, update, scale, namespace
   // removal).
   std::mutex write_mu_;

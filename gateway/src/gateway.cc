@@ -38,6 +38,8 @@ struct Gateway::Impl {
   // Destroyed before the io_context: it cancels and drains in-flight function
   // calls, whose replies are queued onto the (stopped) io_context.
   std::unique_ptr<NodeRegistry> nodes;
+  // Before the registry: stops dispatching before the nodes go.
+  std::unique_ptr<AsyncQueue> async;
   std::unique_ptr<HttpServer> server;
   std::unique_ptr<HttpServer> metrics_server;
   std::vector<std::thread> threads;
@@ -200,9 +202,19 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
                                    impl->bundles.get(), &impl->metrics);
   if (!nodes.ok()) return nodes.status();
   impl->nodes = *std::move(nodes);
-  impl->api = std::make_unique<Api>(impl->store.get(), &impl->metrics,
-                                    impl->bundles.get(), impl->nodes.get(),
-                                    std::move(api_options));
+  AsyncQueueOptions async_options;
+  async_options.max_attempts = options.async_max_attempts;
+  async_options.initial_backoff = options.async_initial_backoff;
+  async_options.max_backoff = options.async_max_backoff;
+  async_options.max_inflight_per_function = options.async_max_inflight;
+  async_options.call_timeout = options.upstream_timeout;
+  auto async = AsyncQueue::Start(async_options, impl->store.get(),
+                                 impl->nodes.get());
+  if (!async.ok()) return async.status();
+  impl->async = *std::move(async);
+  impl->api = std::make_unique<Api>(
+      impl->store.get(), &impl->metrics, impl->bundles.get(),
+      impl->nodes.get(), std::move(api_options), impl->async.get());
 
   Api* api = impl->api.get();
   HttpServerOptions http;

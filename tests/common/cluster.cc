@@ -58,6 +58,19 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
   return c;
 }
 
+absl::Status Cluster::RestartGateway(int sig) {
+  std::string grpc = gateway_->grpc_address();
+  gateway_->Stop(sig);
+  auto gw = GatewayProcess::Start(dir_ + "/gateway", options_.gateway_flags,
+                                  grpc);
+  if (!gw.ok()) return gw.status();
+  *gateway_ = *std::move(gw);
+  auto r = Silt({"login", "--password-stdin"}, gateway_->password());
+  if (r.exit_code != 0)
+    return absl::InternalError(absl::StrCat("silt login: ", r.err));
+  return absl::OkStatus();
+}
+
 absl::Status Cluster::CreateBridge() {
   bridge_ = prefix_ + "br";
   if (auto s = Ip({"link", "add", bridge_, "type", "bridge"}); !s.ok())

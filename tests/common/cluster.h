@@ -80,6 +80,10 @@ class Cluster {
   // instances' cgroups, under its --cpus quota). Needs root.
   absl::StatusOr<std::unique_ptr<CpuHog>> StartCpuHog(const std::string& name,
                                                       int processes);
+  // Stops the gateway with `sig` (SIGKILL: a crash) and starts it again on its
+  // data dir and invoker address, so the invokers reconnect; its HTTP port
+  // changes, and the CLI is logged in again.
+  absl::Status RestartGateway(int sig);
   // Waits until the gateway lists exactly `n` nodes.
   absl::Status WaitNodes(size_t n);
 

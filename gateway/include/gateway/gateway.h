@@ -42,6 +42,13 @@ struct Options {
   // memory; the low marks sit 0.2 and 0.1 below), or off.
   bool rebalance = true;
   double cpu_high = 0.9, memory_high = 0.9;
+  // Async calls: runs before a call becomes a dead letter, the first wait
+  // between runs (doubling up to the maximum), and how many of one function's
+  // calls run at a time (the label com.silt.async.max-inflight overrides it).
+  uint32_t async_max_attempts = 10;
+  std::chrono::milliseconds async_initial_backoff{std::chrono::seconds(2)};
+  std::chrono::milliseconds async_max_backoff{std::chrono::seconds(120)};
+  uint32_t async_max_inflight = 4;
 };
 
 class Gateway {
