@@ -59,6 +59,24 @@ int main(int argc, char** argv) {
   app.add_option("--node-timeout-ms", node_timeout_ms,
                  "Drop an invoker silent for this long")
       ->capture_default_str();
+  bool no_autoscale = false;
+  int64_t autoscale_interval_ms = o.autoscale_interval.count();
+  int64_t autoscale_window_ms = o.autoscale_window.count();
+  int64_t scale_down_delay_ms = o.scale_down_delay.count();
+  app.add_flag("--no-autoscale", no_autoscale,
+               "Keep every function at the replicas its user set");
+  app.add_option("--autoscale-interval-ms", autoscale_interval_ms,
+                 "How often the autoscaler samples load and decides")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{10}, int64_t{3600000}));
+  app.add_option("--autoscale-window-ms", autoscale_window_ms,
+                 "Load is averaged over this long")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{10}, int64_t{3600000}));
+  app.add_option("--scale-down-delay-ms", scale_down_delay_ms,
+                 "Replicas go down only after load stayed low this long")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{86400000}));
   app.add_option("--read-timeout", read_timeout_s,
                  "Seconds to receive a request")
       ->capture_default_str();
@@ -115,6 +133,10 @@ int main(int argc, char** argv) {
   o.max_function_body_bytes = max_function_body_mib << 20;
   o.upstream_timeout = std::chrono::seconds(upstream_timeout_s);
   o.node_timeout = std::chrono::milliseconds(node_timeout_ms);
+  o.autoscale = !no_autoscale;
+  o.autoscale_interval = std::chrono::milliseconds(autoscale_interval_ms);
+  o.autoscale_window = std::chrono::milliseconds(autoscale_window_ms);
+  o.scale_down_delay = std::chrono::milliseconds(scale_down_delay_ms);
   o.write_timeout = std::chrono::seconds(write_timeout_s);
 
   // Block the stop signals before any thread starts so only the waiter below

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "autoscaler.h"
 #include "proclets/bundle.h"
 #include "silt/version.h"
 
@@ -399,7 +400,7 @@ ordered_json Api::StatusJson(const store::FunctionRecord& rec,
   FunctionStatusExtra extra;
   extra.invocation_count =
       metrics_->InvocationCount(absl::StrCat(rec.name, ".", rec.ns));
-  extra.replicas = rec.replicas;
+  extra.replicas = nodes_->DesiredReplicas(rec.ns, rec.name, rec.replicas);
   extra.available_replicas = nodes_->AvailableReplicas(rec.ns, rec.name);
   extra.created_at_unix_nanos = rec.created_at_unix_nanos;
   return ToStatusJson(d, extra);
@@ -448,6 +449,8 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
     return absl::InvalidArgumentError(
         "label com.openfaas.scale.min must not exceed com.openfaas.scale.max");
   }
+  if (d->labels)
+    if (auto p = ParseScalePolicy(*d->labels); !p.ok()) return p.status();
   for (const auto& secret : d->secrets) {
     auto s = store_->FindSecret(*ns, secret);
     if (absl::IsNotFound(s))
@@ -1097,7 +1100,8 @@ HttpResponse Api::HandleMetricsPort(const HttpRequest& req) {
   std::map<std::string, uint64_t> replicas;
   if (auto recs = store_->ListFunctions(""); recs.ok()) {
     for (const auto& r : *recs)
-      replicas[absl::StrCat(r.name, ".", r.ns)] = r.replicas;
+      replicas[absl::StrCat(r.name, ".", r.ns)] =
+          nodes_->DesiredReplicas(r.ns, r.name, r.replicas);
   }
   ProcletGauges proclets;
   for (const auto& n : nodes_->Nodes())

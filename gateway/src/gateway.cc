@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "api.h"
+#include "autoscaler.h"
 #include "http_server.h"
 #include "store/secrets_key.h"
 #include "store/store.h"
@@ -33,6 +34,8 @@ struct Gateway::Impl {
   Credentials credentials;
   std::string secrets_key_file;
   bool secrets_key_generated = false;
+  // Reset first by ~Impl: its thread calls into the registry.
+  std::unique_ptr<Autoscaler> autoscaler;
 
   boost::asio::io_context ioc;
   // Destroyed before the io_context: it cancels and drains in-flight function
@@ -49,6 +52,7 @@ struct Gateway::Impl {
   bool stopping = false;
 
   ~Impl() {
+    autoscaler.reset();
     if (server) server->Close();
     if (metrics_server) metrics_server->Close();
     ioc.stop();
@@ -242,6 +246,28 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
                          });
   if (!metrics_server.ok()) return metrics_server.status();
   impl->metrics_server = *std::move(metrics_server);
+
+  if (options.autoscale) {
+    NodeRegistry* reg = impl->nodes.get();
+    Autoscaler::Hooks hooks;
+    hooks.loads = [reg] { return reg->FunctionLoads(); };
+    hooks.set_desired = [reg](const std::string& ns, const std::string& name,
+                              std::optional<uint64_t> n) {
+      reg->SetDesiredReplicas(ns, name, n);
+    };
+    hooks.log = [reg](const std::string& ns, const std::string& name,
+                      const std::string& text) {
+      reg->GatewayLog(ns, name, text);
+    };
+    AutoscalerOptions scale;
+    scale.interval = absl::FromChrono(options.autoscale_interval);
+    scale.window = absl::FromChrono(options.autoscale_window);
+    scale.scale_down_delay = absl::FromChrono(options.scale_down_delay);
+    auto autoscaler = Autoscaler::Start(scale, std::move(hooks),
+                                        impl->store.get(), &impl->metrics);
+    if (!autoscaler.ok()) return autoscaler.status();
+    impl->autoscaler = *std::move(autoscaler);
+  }
 
   int n =
       options.threads > 0

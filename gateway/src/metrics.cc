@@ -94,6 +94,17 @@ void Metrics::LoadPulse(absl::string_view node) {
   ++it->second;
 }
 
+void Metrics::ScaleEvent(absl::string_view function,
+                         absl::string_view direction) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++scale_events_[Key{std::string(function), std::string(direction)}];
+}
+
+void Metrics::AutoscalerState(std::map<std::string, ScaleGauge> state) {
+  std::lock_guard<std::mutex> l(mu_);
+  scale_gauges_ = std::move(state);
+}
+
 double Metrics::InvocationCount(absl::string_view function) const {
   std::lock_guard<std::mutex> l(mu_);
   double total = 0;
@@ -156,6 +167,28 @@ std::string Metrics::Render(const std::map<std::string, uint64_t>& replicas,
     absl::StrAppend(&out, "gateway_service_count{function_name=\"", Escape(f),
                     "\"} ", v, "\n");
   }
+  out +=
+      "# HELP gateway_service_target_replicas Replicas the autoscaler wants "
+      "for function\n";
+  out += "# TYPE gateway_service_target_replicas gauge\n";
+  for (const auto& [f, g] : scale_gauges_)
+    absl::StrAppend(&out, "gateway_service_target_replicas{function_name=\"",
+                    Escape(f), "\"} ", g.target_replicas, "\n");
+  out +=
+      "# HELP gateway_service_load Load the autoscaler measured for function "
+      "(calls/s, calls in flight or millicores, by scale type)\n";
+  out += "# TYPE gateway_service_load gauge\n";
+  for (const auto& [f, g] : scale_gauges_)
+    absl::StrAppend(&out, "gateway_service_load{function_name=\"", Escape(f),
+                    "\",scale_type=\"", g.type, "\"} ", Num(g.load), "\n");
+  out +=
+      "# HELP gateway_service_scale_events_total Autoscaler changes of "
+      "function replicas, by direction (up, down, zero)\n";
+  out += "# TYPE gateway_service_scale_events_total counter\n";
+  for (const auto& [k, v] : scale_events_)
+    absl::StrAppend(&out, "gateway_service_scale_events_total{direction=\"",
+                    k.second, "\",function_name=\"", Escape(k.first), "\"} ", v,
+                    "\n");
   out +=
       "# HELP silt_function_start_seconds Start cost of the instance that "
       "served a call, by tier\n";

@@ -26,6 +26,13 @@ struct ProcletGauges {
   std::map<std::string, uint64_t> shards_by_state;  // active, migrating, lost
 };
 
+// One function as the autoscaler last saw it.
+struct ScaleGauge {
+  uint64_t target_replicas = 0;
+  double load = 0;   // in the unit of its scale type
+  std::string type;  // rps, capacity, cpu
+};
+
 // Thread-safe; counters only grow for the life of the gateway.
 class Metrics {
  public:
@@ -56,6 +63,11 @@ class Metrics {
                       uint64_t n);
   // A node's load pulse arrived (between full reports).
   void LoadPulse(absl::string_view node);
+
+  // The autoscaler changed a function's replicas (direction up, down, zero).
+  void ScaleEvent(absl::string_view function, absl::string_view direction);
+  // The autoscaled functions at its last round, by "name.namespace".
+  void AutoscalerState(std::map<std::string, ScaleGauge> state);
 
   // The exposition text. `replicas` fills gateway_service_count, `proclets`
   // the proclet gauges.
@@ -101,6 +113,8 @@ class Metrics {
   std::map<std::string, uint64_t, std::less<>> state_ops_;  // by node
   std::map<Key, uint64_t> rebalance_moves_;                 // (kind, reason)
   std::map<std::string, uint64_t, std::less<>> pulses_;     // by node
+  std::map<Key, uint64_t> scale_events_;  // (function, direction)
+  std::map<std::string, ScaleGauge> scale_gauges_;
 };
 
 }  // namespace silt::gateway

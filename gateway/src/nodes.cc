@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "invoker/proto/invoker.grpc.pb.h"
+#include "log_ring.h"
 #include "openfaas_types.h"
 
 namespace silt::gateway {
@@ -150,6 +151,10 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   std::map<std::string, std::shared_ptr<Node>> nodes;    // by name
   std::map<std::string, std::shared_ptr<const Fn>> fns;  // cache by ns/name
   bool fns_valid = false;
+  // The autoscaler's replicas, by ns/name (over the function's own count).
+  std::map<std::string, uint64_t> desired;
+  std::map<std::string, uint64_t> calls;  // routed since the start, by ns/name
+  LogRing gateway_log;  // the gateway's own lines in functions' logs
   uint64_t next_session = 1;
   uint64_t rr = 0;
 
@@ -273,9 +278,11 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       size_t count = names.size();
       v1::FunctionSpec* s = a.add_functions();
       *s = fn->spec;
-      uint64_t share = count == 0 ? 0
-                                  : fn->replicas / count +
-                                        (index < fn->replicas % count ? 1 : 0);
+      auto d = desired.find(key);
+      uint64_t replicas = d == desired.end() ? fn->replicas : d->second;
+      uint64_t share =
+          count == 0 ? 0
+                     : replicas / count + (index < replicas % count ? 1 : 0);
       s->set_min_instances(static_cast<uint32_t>(share));
     }
     return a;
@@ -773,6 +780,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
         return call->done(absl::NotFoundError(
             absl::StrCat("function ", call->call.name, " not found")));
       call->fn = it->second;
+      ++calls[it->first];
     }
     v1::InvokeRequest& r = call->req;
     r.set_name(call->call.name);
@@ -905,6 +913,9 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
                          e.timestamp_unix_nanos()});
         reader->Finish().IgnoreError();
       }
+      for (auto& g : gateway_log.Read(ns, name, 0, since))
+        all.push_back(
+            {g.name, g.ns, "gateway", g.text, g.timestamp_unix_nanos});
       std::stable_sort(all.begin(), all.end(),
                        [](const LogRecord& a, const LogRecord& b) {
                          return a.timestamp_unix_nanos < b.timestamp_unix_nanos;
@@ -937,7 +948,20 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
         reader->Finish().IgnoreError();
       });
     }
+    // The gateway's own lines: those already there, then new ones as they
+    // come (checked as often as the stop condition).
+    uint64_t seen = 0;
+    auto emit_gateway_lines = [&] {
+      for (auto& g : gateway_log.Read(ns, name, seen, since)) {
+        seen = g.seq;
+        std::lock_guard<std::mutex> l(emit_mu);
+        if (closed) return;
+        if (!emit({g.name, g.ns, "gateway", g.text, g.timestamp_unix_nanos}))
+          closed = true;
+      }
+    };
     while (!closed && !stop()) {
+      emit_gateway_lines();
       std::unique_lock<std::mutex> l(stop_mu);
       if (stop_cv.wait_for(l, std::chrono::milliseconds(200),
                            [&] { return stopping; }))
@@ -1121,6 +1145,78 @@ size_t NodeRegistry::DeleteSnapshots(const std::string& ns,
 std::vector<RebalanceEvent> NodeRegistry::Events(
     uint64_t after, std::chrono::milliseconds wait) {
   return impl_->rebalancer->Events(after, wait);
+}
+
+std::vector<FunctionLoad> NodeRegistry::FunctionLoads() {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  impl_->LoadFnsLocked().IgnoreError();  // the last good table serves
+  std::vector<FunctionLoad> out;
+  std::map<std::string, size_t> index;
+  for (const auto& [key, fn] : impl_->fns) {
+    FunctionLoad f;
+    f.ns = fn->spec.namespace_();
+    f.name = fn->spec.name();
+    f.labels.insert(fn->spec.labels().begin(), fn->spec.labels().end());
+    f.replicas = fn->replicas;
+    if (auto c = impl_->calls.find(key); c != impl_->calls.end())
+      f.calls = c->second;
+    index[key] = out.size();
+    out.push_back(std::move(f));
+  }
+  for (auto& [n, node] : impl_->nodes) {
+    // Its instances' CPU, shared by busy instances (ready ones when none is).
+    double cpu = std::max(0.0, node->cpu_used - node->cpu_foreign);
+    uint64_t busy = 0, ready = 0;
+    for (const auto& [key, c] : node->counts)
+      busy += c.busy(), ready += c.ready();
+    for (const auto& [key, c] : node->counts) {
+      auto i = index.find(key);
+      if (i == index.end()) continue;
+      FunctionLoad& f = out[i->second];
+      if (c.generation() == impl_->fns[key]->spec.generation())
+        f.ready += c.ready();
+      if (busy > 0) {
+        f.cpu_cores += cpu * c.busy() / busy;
+      } else if (ready > 0) {
+        f.cpu_cores += cpu * c.ready() / ready;
+      }
+    }
+    for (const auto& [key, in] : node->inflight) {
+      auto i = index.find(key);
+      if (i != index.end() && in > 0) out[i->second].inflight += in;
+    }
+  }
+  return out;
+}
+
+void NodeRegistry::SetDesiredReplicas(const std::string& ns,
+                                      const std::string& name,
+                                      std::optional<uint64_t> replicas) {
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    std::string key = Key(ns, name);
+    auto it = impl_->desired.find(key);
+    if (!replicas) {
+      if (it == impl_->desired.end()) return;
+      impl_->desired.erase(it);
+    } else {
+      if (it != impl_->desired.end() && it->second == *replicas) return;
+      impl_->desired[key] = *replicas;
+    }
+  }
+  impl_->SendAssignments();
+}
+
+uint64_t NodeRegistry::DesiredReplicas(const std::string& ns,
+                                       const std::string& name, uint64_t user) {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  auto it = impl_->desired.find(Key(ns, name));
+  return it == impl_->desired.end() ? user : it->second;
+}
+
+void NodeRegistry::GatewayLog(const std::string& ns, const std::string& name,
+                              const std::string& text) {
+  impl_->gateway_log.Append(ns, name, text);
 }
 
 void NodeRegistry::Logs(const std::string& ns, const std::string& name,

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,19 @@ struct SnapshotView {
   bool current = false;            // of the function's current version
 };
 
+// One function's load, for the autoscaler.
+struct FunctionLoad {
+  std::string ns, name;
+  std::map<std::string, std::string> labels;
+  uint64_t replicas = 0;  // the user's count (FunctionRecord.replicas)
+  uint64_t calls = 0;     // calls routed to nodes since the gateway started
+  uint64_t inflight = 0;  // of them, running now
+  uint64_t ready = 0;     // instances of its current version up
+  // Cores its instances keep busy: each node's instance CPU (last pulse),
+  // shared among the functions by their busy instances there.
+  double cpu_cores = 0;
+};
+
 struct NodeRegistryOptions {
   std::string listen = "127.0.0.1:8081";
   // A node that sends no report for this long is dropped and its replicas move.
@@ -118,8 +133,22 @@ class NodeRegistry {
   // `wait` for one).
   std::vector<RebalanceEvent> Events(uint64_t after,
                                      std::chrono::milliseconds wait);
-  // Collects log lines from every node (blocking; with follow, until `stop` or
-  // the emit callback returns false).
+  // Every deployed function with its load now (for the autoscaler).
+  std::vector<FunctionLoad> FunctionLoads();
+  // The replicas the nodes keep for the function from now on (the
+  // autoscaler's decision); nullopt: the user's count again. Sends the nodes
+  // their assignments when it changed.
+  void SetDesiredReplicas(const std::string& ns, const std::string& name,
+                          std::optional<uint64_t> replicas);
+  // The replicas the nodes are asked to keep: the autoscaler's decision, else
+  // `user` (the function record's count).
+  uint64_t DesiredReplicas(const std::string& ns, const std::string& name,
+                           uint64_t user);
+  // A line from the gateway itself in the function's logs (scale decisions).
+  void GatewayLog(const std::string& ns, const std::string& name,
+                  const std::string& text);
+  // Collects log lines from every node and the gateway's own (blocking; with
+  // follow, until `stop` or the emit callback returns false).
   void Logs(const std::string& ns, const std::string& name, int64_t since,
             int64_t tail, bool follow,
             const std::function<bool(const LogRecord&)>& emit,

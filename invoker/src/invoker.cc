@@ -293,6 +293,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     int filling =
         0;  // of `starting`, those started by Fill (no caller waits for them)
     uint32_t min_instances = 0;
+    // min_instances went down (scaled down): the idle instances above it
+    // stop at the next reap, however recently they served.
+    bool trim = false;
     std::condition_variable cv;
     // Snapshots of this version: its id, whether one is being taken, and the
     // resident fork template, if any.
@@ -1945,6 +1948,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         auto it = pools.find(key);
         if (it != pools.end() &&
             it->second->spec.generation() == spec.generation()) {
+          if (spec.min_instances() < it->second->min_instances)
+            it->second->trim = true;
           it->second->min_instances = spec.min_instances();
         }
         wanted.emplace_back(spec, spec.min_instances());
@@ -1973,6 +1978,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       }
       auto pool = PoolFor(spec, *bundle);
       std::lock_guard<std::mutex> l(mu);
+      if (min < pool->min_instances) pool->trim = true;
       pool->min_instances = min;  // the reaper loop starts what is missing
     }
   }
@@ -2037,12 +2043,14 @@ struct Invoker::Impl final : public v1::Invoker::Service {
                     [](const auto& a, const auto& b) {
                       return a->last_used > b->last_used;
                     });
-          while (!pool->idle.empty() &&
-                 pool->idle.size() + pool->busy > pool->min_instances &&
-                 now - pool->idle.back()->last_used > idle_for) {
+          while (
+              !pool->idle.empty() &&
+              pool->idle.size() + pool->busy > pool->min_instances &&
+              (pool->trim || now - pool->idle.back()->last_used > idle_for)) {
             doomed.push_back(std::move(pool->idle.back()));
             pool->idle.pop_back();
           }
+          pool->trim = false;
           // Idle instances that died on their own are replaced on demand.
           for (auto it = pool->idle.begin(); it != pool->idle.end();) {
             if ((*it)->proc->Poll()) {

@@ -35,6 +35,13 @@ struct Options {
   // An invoker silent for this long is dropped; its replicas move to the
   // others.
   std::chrono::milliseconds node_timeout{std::chrono::seconds(5)};
+  // The autoscaler (functions with com.openfaas.scale.* labels): how often it
+  // decides, the window load is averaged over, and how long load must stay
+  // low before replicas go down; or off (replicas stay the user's count).
+  bool autoscale = true;
+  std::chrono::milliseconds autoscale_interval{std::chrono::seconds(1)};
+  std::chrono::milliseconds autoscale_window{std::chrono::seconds(10)};
+  std::chrono::milliseconds scale_down_delay{std::chrono::seconds(60)};
   // A state shard splits once it passes this many bytes (0: the directory's
   // default, 16 MiB); structures may ask for less or more.
   uint64_t shard_split_bytes = 0;
