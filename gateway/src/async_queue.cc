@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "async_record.h"
 #include "deploy/http_client.h"
 #include "nlohmann/json.hpp"
 #include "nodes.h"
@@ -69,116 +70,6 @@ int64_t RetryAfterMs(const HeaderList& headers) {
     return std::max<int64_t>(0, at - NowMs());
   }
   return -1;
-}
-
-// The persisted call: the request as accepted, where it stands and, once it
-// ran, the answer the callback carries.
-struct Record {
-  AsyncCall call;
-  AsyncState state = AsyncState::kQueued;
-  uint64_t seq = 0;  // acceptance order
-  int64_t enqueued_ms = 0, next_ms = 0;
-  uint32_t attempts = 0, callback_attempts = 0;
-  int last_status = 0;
-  std::string last_error;
-  // Set once the call is final: what the callback delivers.
-  bool has_result = false;
-  bool failed = false;  // final but unsuccessful: dead after the callback
-  int result_status = 0;
-  HeaderList result_headers;
-  std::string result_body;
-  double duration_s = 0;
-};
-
-json HeadersJson(const HeaderList& h) {
-  json a = json::array();
-  for (const auto& [k, v] : h) a.push_back({k, v});
-  return a;
-}
-
-json Binary(const std::string& s) {
-  return json::binary(std::vector<uint8_t>(s.begin(), s.end()));
-}
-
-std::string Encode(const Record& r) {
-  json j = {{"id", r.call.call_id},
-            {"ns", r.call.ns},
-            {"name", r.call.name},
-            {"path", r.call.path},
-            {"query", r.call.query},
-            {"headers", HeadersJson(r.call.headers)},
-            {"body", Binary(r.call.body)},
-            {"callback", r.call.callback_url},
-            {"state", static_cast<int>(r.state)},
-            {"seq", r.seq},
-            {"enqueued", r.enqueued_ms},
-            {"next", r.next_ms},
-            {"attempts", r.attempts},
-            {"callback_attempts", r.callback_attempts},
-            {"last_status", r.last_status},
-            {"last_error", r.last_error}};
-  if (r.has_result) {
-    j["result"] = {{"failed", r.failed},
-                   {"status", r.result_status},
-                   {"headers", HeadersJson(r.result_headers)},
-                   {"body", Binary(r.result_body)},
-                   {"duration", r.duration_s}};
-  }
-  std::vector<uint8_t> v = json::to_cbor(j);
-  return std::string(v.begin(), v.end());
-}
-
-absl::StatusOr<Record> Decode(absl::string_view key, absl::string_view bytes) {
-  json j = json::from_cbor(bytes.begin(), bytes.end(), true, false);
-  auto corrupt = [&](absl::string_view why) {
-    return absl::DataLossError(
-        absl::StrCat("async call ", key, ": corrupt record (", why, ")"));
-  };
-  if (j.is_discarded() || !j.is_object()) return corrupt("not a map");
-  try {
-    auto str = [](const json& b) {
-      const auto& v = b.get_binary();
-      return std::string(v.begin(), v.end());
-    };
-    auto headers = [](const json& a) {
-      HeaderList h;
-      for (const auto& kv : a)
-        h.emplace_back(kv.at(0).get<std::string>(),
-                       kv.at(1).get<std::string>());
-      return h;
-    };
-    Record r;
-    r.call.call_id = j.at("id").get<std::string>();
-    r.call.ns = j.at("ns").get<std::string>();
-    r.call.name = j.at("name").get<std::string>();
-    r.call.path = j.at("path").get<std::string>();
-    r.call.query = j.at("query").get<std::string>();
-    r.call.headers = headers(j.at("headers"));
-    r.call.body = str(j.at("body"));
-    r.call.callback_url = j.at("callback").get<std::string>();
-    int state = j.at("state").get<int>();
-    if (state < 1 || state > 3) return corrupt("unknown state");
-    r.state = static_cast<AsyncState>(state);
-    r.seq = j.at("seq").get<uint64_t>();
-    r.enqueued_ms = j.at("enqueued").get<int64_t>();
-    r.next_ms = j.at("next").get<int64_t>();
-    r.attempts = j.at("attempts").get<uint32_t>();
-    r.callback_attempts = j.at("callback_attempts").get<uint32_t>();
-    r.last_status = j.at("last_status").get<int>();
-    r.last_error = j.at("last_error").get<std::string>();
-    if (auto it = j.find("result"); it != j.end()) {
-      r.has_result = true;
-      r.failed = it->at("failed").get<bool>();
-      r.result_status = it->at("status").get<int>();
-      r.result_headers = headers(it->at("headers"));
-      r.result_body = str(it->at("body"));
-      r.duration_s = it->at("duration").get<double>();
-    }
-    if (r.call.call_id != key) return corrupt("key and id differ");
-    return r;
-  } catch (const json::exception& e) {
-    return corrupt(e.what());
-  }
 }
 
 std::string FnKey(const std::string& ns, const std::string& name) {
@@ -309,7 +200,7 @@ struct AsyncQueue::Impl {
     callbacks_due.erase(key);
   }
 
-  Entry EntryOf(const Record& r) {
+  Entry EntryOf(const AsyncRecord& r) {
     Entry e;
     e.ns = r.call.ns;
     e.name = r.call.name;
@@ -326,7 +217,7 @@ struct AsyncQueue::Impl {
   }
 
   // Caller holds mu. Replaces the entry of a record just written.
-  void PutLocked(const Record& r) {
+  void PutLocked(const AsyncRecord& r) {
     auto it = entries.find(r.call.call_id);
     if (it != entries.end()) {
       if (it->second.state != AsyncState::kDead) --waiting;
@@ -352,7 +243,7 @@ struct AsyncQueue::Impl {
     if (!rows.ok()) return rows.status();
     std::lock_guard<std::mutex> l(mu);
     for (const auto& [key, value] : *rows) {
-      auto r = Decode(key, value);
+      auto r = DecodeAsyncRecord(key, value);
       if (!r.ok()) {
         // Kept on disk for inspection; never run.
         fprintf(stderr, "silt-gateway: %s\n",
@@ -371,15 +262,15 @@ struct AsyncQueue::Impl {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<Record> Read(const std::string& id) const {
+  absl::StatusOr<AsyncRecord> Read(const std::string& id) const {
     auto v = store->Get(store::Table::kAsyncQueue, id);
     if (!v.ok()) return v.status();
-    return Decode(id, *v);
+    return DecodeAsyncRecord(id, *v);
   }
 
-  absl::Status Write(const Record& r, store::Durability d) {
+  absl::Status Write(const AsyncRecord& r, store::Durability d) {
     store::WriteBatch b;
-    b.Put(store::Table::kAsyncQueue, r.call.call_id, Encode(r));
+    b.Put(store::Table::kAsyncQueue, r.call.call_id, EncodeAsyncRecord(r));
     return store->Write(b, d);
   }
 
@@ -630,7 +521,7 @@ struct AsyncQueue::Impl {
     if (erase) {
       b.Delete(store::Table::kAsyncQueue, d.id);
     } else {
-      b.Put(store::Table::kAsyncQueue, d.id, Encode(*r));
+      b.Put(store::Table::kAsyncQueue, d.id, EncodeAsyncRecord(*r));
     }
     if (auto w = store->Write(b); !w.ok()) {
       // The record stays as it was (queued): it runs again.
@@ -752,7 +643,7 @@ struct AsyncQueue::Impl {
     if (erase) {
       b.Delete(store::Table::kAsyncQueue, id);
     } else {
-      b.Put(store::Table::kAsyncQueue, id, Encode(*r));
+      b.Put(store::Table::kAsyncQueue, id, EncodeAsyncRecord(*r));
     }
     auto w = store->Write(b);
     std::lock_guard<std::mutex> l(mu);
@@ -803,7 +694,7 @@ absl::StatusOr<std::unique_ptr<AsyncQueue>> AsyncQueue::Start(
 
 absl::Status AsyncQueue::Enqueue(AsyncCall call) {
   Impl& q = *impl_;
-  Record r;
+  AsyncRecord r;
   r.call = std::move(call);
   r.enqueued_ms = r.next_ms = NowMs();
   {
