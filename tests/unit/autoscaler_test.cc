@@ -171,6 +171,18 @@ TEST_F(AutoscalerTest, RpsOverTheWindow) {
   EXPECT_EQ(pushed_, 4u);  // ceil(30 / 9)
 }
 
+TEST_F(AutoscalerTest, CpuInMillicores) {
+  fn_.labels = {{"com.openfaas.scale.type", "cpu"},
+                {"com.openfaas.scale.target", "500"},
+                {"com.openfaas.scale.target-proportion", "1"}};
+  fn_.cpu_cores = 2.2;  // 2200m: five replicas of 500m
+  Start();
+  Run(2);
+  EXPECT_EQ(pushed_, 5u);
+  EXPECT_TRUE(absl::StrContains(logs_.back(), "-> 5: cpu load 2200.00m CPU"))
+      << logs_.back();
+}
+
 TEST_F(AutoscalerTest, ZeroAfterIdleDurationBackOnACall) {
   fn_.labels = {{"com.openfaas.scale.zero", "true"},
                 {"com.openfaas.scale.zero-duration", "30s"}};
