@@ -1195,14 +1195,18 @@ void NodeRegistry::SetDesiredReplicas(const std::string& ns,
   {
     std::lock_guard<std::mutex> l(impl_->mu);
     std::string key = Key(ns, name);
+    impl_->LoadFnsLocked().IgnoreError();  // the last good table serves
+    auto fn = impl_->fns.find(key);
+    uint64_t user = fn == impl_->fns.end() ? 0 : fn->second->replicas;
     auto it = impl_->desired.find(key);
-    if (!replicas) {
-      if (it == impl_->desired.end()) return;
-      impl_->desired.erase(it);
-    } else {
-      if (it != impl_->desired.end() && it->second == *replicas) return;
+    uint64_t before = it == impl_->desired.end() ? user : it->second;
+    if (replicas) {
       impl_->desired[key] = *replicas;
+    } else if (it != impl_->desired.end()) {
+      impl_->desired.erase(it);
     }
+    // The nodes hear only of a count that changed.
+    if (replicas.value_or(user) == before) return;
   }
   impl_->SendAssignments();
 }
