@@ -119,6 +119,12 @@ absl::StatusOr<HttpResult> Send(const HttpCall& call) {
   parser.body_limit(std::numeric_limits<uint64_t>::max());
   if (call.method == "HEAD") parser.skip(true);
   http::read(stream, buffer, parser, ec);
+  // A connection closed before a whole answer (the server died) is no answer:
+  // the parser's defaults would read as an empty 200.
+  if (ec == http::error::end_of_stream && !parser.is_done())
+    return absl::UnavailableError(
+        absl::StrCat("the connection closed before an answer to ", call.method,
+                     " ", call.url));
   if (ec && ec != http::error::end_of_stream) {
     return absl::UnavailableError(absl::StrCat("reading the answer to ",
                                                call.method, " ", call.url, ": ",

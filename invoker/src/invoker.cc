@@ -2255,15 +2255,23 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 };
 
 absl::Status PrepareProcess() {
+  // A mount namespace of the invoker's own, into which the host's mounts
+  // still propagate but from which none of the invoker's (instances' /tmp and
+  // /dev, CRIU's binds) leak: they go with the namespace when the invoker dies,
+  // even by SIGKILL, on every host.
+  if (unshare(CLONE_NEWNS) != 0)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no private mount namespace (", strerror(errno),
+        "): mounts made for instances outlive a killed invoker"));
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot make the mount namespace a slave (", strerror(errno),
+        "): mounts made for instances outlive a killed invoker"));
+  // CRIU keeps its kernel-feature cache in /run: it needs a tmpfs there.
   struct statfs run;
   if (statfs("/run", &run) == 0 && run.f_type == TMPFS_MAGIC)
     return absl::OkStatus();
-  if (unshare(CLONE_NEWNS) != 0)
-    return absl::FailedPreconditionError(
-        absl::StrCat("no private mount namespace (", strerror(errno),
-                     "): CRIU's kernel-feature cache is off"));
-  if (mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0 ||
-      mount("silt-run", "/run", "tmpfs", MS_NOSUID | MS_NODEV,
+  if (mount("silt-run", "/run", "tmpfs", MS_NOSUID | MS_NODEV,
             "mode=0755,size=16m") != 0)
     return absl::FailedPreconditionError(
         absl::StrCat("cannot mount a tmpfs on /run (", strerror(errno),

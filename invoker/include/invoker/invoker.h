@@ -48,9 +48,10 @@ struct Options {
 };
 
 // Call first thing in main, while the process has one thread: gives the
-// invoker a private mount namespace with a tmpfs on /run, where CRIU keeps
-// its kernel-feature cache (criu.kdat; it is not kept on a non-tmpfs /run),
-// which takes tens of milliseconds off every checkpoint and restore.
+// invoker a mount namespace of its own (a slave of the host's), so that the
+// mounts it makes for instances die with it, and a tmpfs on /run where /run
+// is not one: CRIU keeps its kernel-feature cache there (criu.kdat), which
+// takes tens of milliseconds off every checkpoint and restore.
 absl::Status PrepareProcess();
 
 class Invoker {
