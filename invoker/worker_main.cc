@@ -2,9 +2,12 @@
 // with the channel to the invoker on fd 3. Reads its WorkerConfig, gets the
 // function ready (loads the native bundle and runs its init, or starts the exec
 // server), reports WorkerReady, then serves WorkerCalls one at a time.
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -20,6 +23,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,6 +33,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -239,6 +244,62 @@ void Reseed(uint64_t seed) {
   seed48(x);
 }
 
+// Ends every process a call left behind (a child in a session of its own,
+// a daemon) and reaps it: nothing of one call runs on into the next. The
+// worker is pid 1 of its sandbox (every process there is its descendant) or
+// a forked clone, a child subreaper (SetUpLeftoverReaping) whose orphaned
+// descendants become its children. Returns how many were ended.
+int EndLeftovers() {
+  int ended = 0;
+  bool killed = false;
+  while (true) {
+    pid_t p = waitpid(-1, nullptr, WNOHANG | __WALL);
+    if (p > 0) {
+      ended += killed;
+      continue;
+    }
+    if (p < 0 && errno == EINTR) continue;
+    if (p < 0) return ended;  // ECHILD: no descendant left
+    // Live children: end them all, then wait for one (their children, if
+    // any, become ours and are ended on the next round).
+    if (getpid() == 1) {
+      kill(-1, SIGKILL);  // every process of the namespace but this one
+    } else if (DIR* d = opendir("/proc")) {
+      std::string self = std::to_string(getpid());
+      while (dirent* e = readdir(d)) {
+        pid_t child = 0;
+        if (!absl::SimpleAtoi(e->d_name, &child)) continue;
+        std::ifstream stat(absl::StrCat("/proc/", child, "/stat"));
+        std::string line;
+        std::getline(stat, line);
+        // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        size_t close_paren = line.rfind(')');
+        if (close_paren == std::string::npos) continue;
+        std::vector<std::string> f = absl::StrSplit(
+            line.substr(close_paren + 2), ' ', absl::SkipEmpty());
+        if (f.size() > 1 && f[1] == self) kill(child, SIGKILL);
+      }
+      closedir(d);
+    }
+    killed = true;
+    p = waitpid(-1, nullptr, __WALL);
+    if (p > 0) ++ended;
+  }
+}
+
+// A forked clone is not pid 1 of its sandbox: it adopts its orphaned
+// descendants so that EndLeftovers finds them.
+void SetUpLeftoverReaping() {
+  if (getpid() != 1) prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+}
+
+// After a call: says in the function's log what was ended.
+void EndCallLeftovers() {
+  if (int n = EndLeftovers(); n > 0)
+    LogLine(absl::StrCat("Ended ", n, " process", n == 1 ? "" : "es",
+                         " the call left behind."));
+}
+
 // Children the worker starts must not inherit its blocked SIGUSR1.
 void UnblockSignals() {
   sigset_t none;
@@ -274,6 +335,7 @@ class NativeRuntime {
     call.body = c.body();
     auto res = lib_->Handle(ctx_, call);
     ctx_.call_id.clear();
+    EndCallLeftovers();
     if (!res.ok()) return Error(500, std::string(res.status().message()));
     WorkerReply r;
     r.set_status(res->status);
@@ -447,6 +509,7 @@ class ClassicRuntime {
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
+    EndCallLeftovers();
     double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
@@ -454,6 +517,17 @@ class ClassicRuntime {
     LogLine(absl::StrCat("Wrote ", output.size(), " Bytes - Duration: ",
                          absl::StrFormat("%f", secs), "s"));
     WorkerReply r;
+    if (WIFSIGNALED(status)) {
+      // Seccomp kills with SIGSYS, the OOM killer with SIGKILL.
+      int sig = WTERMSIG(status);
+      std::string why = absl::StrCat(
+          "fprocess killed by signal ", sig, " (", strsignal(sig), ")",
+          sig == SIGSYS ? ": forbidden system call (seccomp)" : "");
+      LogLine(why);
+      r = Error(500, why + "\n");
+      r.set_body(absl::StrCat(r.body(), output));
+      return r;
+    }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       r = Error(500,
                 absl::StrCat("exit status ",
@@ -684,6 +758,7 @@ bool TemplateLoop(Runtime& rt) {
     pid_t pid = fork();
     if (pid == 0) {
       signal(SIGCHLD, SIG_DFL);
+      SetUpLeftoverReaping();
       dup3(fds[0], kChannel, O_CLOEXEC);
       dup2(fds[1], 1);
       dup2(fds[2], 2);
@@ -704,8 +779,24 @@ bool TemplateLoop(Runtime& rt) {
   }
 }
 
+// A clone's own stack-protector canary, drawn after a restore or fork (it is
+// the snapshot's otherwise, the same in every clone). Only frames entered
+// from here on check it: those still live (Serve, main, the C library's
+// start) never check theirs, hence no stack protector for Serve and main.
+// x86-64 keeps the canary per thread (fs:0x28); the threads already running
+// keep theirs, and new threads copy the creating thread's. Elsewhere the
+// canary is one global that every thread's live frames hold: left alone.
+void RedrawStackCanary() {
+#if defined(__x86_64__)
+  uint64_t canary = 0;
+  if (getrandom(&canary, sizeof(canary), 0) != sizeof(canary)) return;
+  canary &= ~uint64_t{0xff};  // as the C library draws it: a zero low byte
+  asm volatile("movq %0, %%fs:0x28" : : "r"(canary) : "memory");
+#endif
+}
+
 template <typename Runtime>
-int Serve(const WorkerConfig& cfg) {
+__attribute__((no_stack_protector)) int Serve(const WorkerConfig& cfg) {
   Runtime rt;
   StartStateApi();  // first: an http-mode server inherits SILT_STATE_URL
   absl::Status s = rt.Start(cfg);
@@ -725,12 +816,14 @@ int Serve(const WorkerConfig& cfg) {
       rt.BeforePark();
       if (!WriteFrame(kChannel, Ok()).ok()) return 0;
       if (!ParkAndResume(rt)) return 0;
+      RedrawStackCanary();
       continue;
     }
     if (call.op() == "template") {
       StopStateApi();
       if (!WriteFrame(kChannel, Ok()).ok()) return 0;
       if (!TemplateLoop(rt)) return 0;
+      RedrawStackCanary();
       continue;  // a clone
     }
     WorkerReply reply = call.op() == "task" ? rt.Task(call) : rt.Call(call);
@@ -741,7 +834,7 @@ int Serve(const WorkerConfig& cfg) {
 }  // namespace
 }  // namespace silt::invoker
 
-int main() {
+__attribute__((no_stack_protector)) int main() {
   using namespace silt::invoker;
   signal(SIGPIPE, SIG_IGN);
   // SIGUSR1 ends a park (sigwaitinfo); blocked so it never kills us.

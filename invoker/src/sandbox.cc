@@ -1122,7 +1122,10 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
     if (spec.run_dir.empty())
       return absl::InvalidArgumentError(
           "a snapshot-ready sandbox needs run_dir");
-    bind(spec.run_dir, kSandboxRunDir, /*rw=*/true);
+    // Read-only: the invoker makes the socket the worker connects to
+    // (connecting needs no write access to the mount), and a writable host
+    // directory would let a function fill the node's disk.
+    bind(spec.run_dir, kSandboxRunDir);
   }
   // Snapshot-ready instances see processes only in /proc.
   a.proc_opts = spec.snapshot_ready ? "subset=pid" : nullptr;

@@ -65,7 +65,7 @@ struct SandboxSpec {
   // Snapshot-ready: the worker can be checkpointed by CRIU (/proc limited to
   // processes, /dev and /tmp bound from the host, a run dir).
   bool snapshot_ready = false;
-  std::string run_dir;  // host dir → kSandboxRunDir (rw), snapshot-ready only
+  std::string run_dir;  // host dir → kSandboxRunDir (ro), snapshot-ready only
   // Snapshot-ready, optional: host dirs bound as /dev (ro; holds the device
   // nodes, see PrepareDevDir) and /tmp (rw; a size-limited tmpfs).
   std::string dev_dir;
