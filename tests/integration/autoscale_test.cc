@@ -275,12 +275,24 @@ TEST_F(AutoscaleTest, ScalesToZeroWhenIdleAndBackOnACall) {
           {"com.openfaas.scale.zero-duration", "2s"},
           {"com.openfaas.scale.max", "3"}});
   ASSERT_EQ(gw_->Call("GET", "/function/probe/state", "", false).status, 200);
+  // `silt logs --tail` (follow) shows the decision as it is made.
+  auto follower = Process::Start(
+      {SILT_CLI_BIN, "logs", "probe", "--tail", "-o", "raw"},
+      {{"OPENFAAS_CONFIG", dir_ + "/config"}, {"OPENFAAS_URL", gw_->url()}});
+  ASSERT_TRUE(follower.ok()) << follower.status();
   auto start = Clock::now();
   EXPECT_TRUE(WaitReplicas(0, Deadline()))
       << Status().desired << " " << Status().available;
   printf("autoscale_to_zero_s=%.2f (zero-duration 2 s)\n",
          std::chrono::duration<double>(Clock::now() - start).count());
   EXPECT_TRUE(LogsShow("-> 0: no calls for")) << Logs();
+  EXPECT_TRUE(
+      follower
+          ->WaitForLine("silt: autoscaler: replicas 1 -> 0: no calls for",
+                        std::chrono::seconds(20))
+          .ok())
+      << follower->output();
+  follower->Stop(SIGTERM);
 
   // A call wakes it (a cold start) and the minimum comes back.
   auto r = gw_->Call("GET", "/function/probe/state", "", false);
