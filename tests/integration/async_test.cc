@@ -54,10 +54,11 @@ class AsyncTest : public ::testing::Test {
   GatewayProcess& gw() { return cluster_->gateway(); }
 
   // An exec function running `script` (sh) per call.
-  void DeployScript(const std::string& name, const std::string& script) {
+  void DeployScript(const std::string& name, const std::string& script,
+                    json labels = json::object()) {
     std::string image =
         gw().PushExecBundle(name, "sh run.sh", {{"run.sh", script}});
-    json d = {{"service", name}, {"image", image}};
+    json d = {{"service", name}, {"image", image}, {"labels", labels}};
     auto r = gw().Call("POST", "/system/functions", d.dump());
     ASSERT_EQ(r.status / 100, 2) << r.body;
   }
@@ -189,6 +190,26 @@ TEST_F(AsyncTest, FailingCallIsRetriedThenDeadLetteredAndRetriedFromTheCli) {
   EXPECT_EQ(rm.exit_code, 0) << rm.err;
   EXPECT_TRUE(Queue().empty()) << Queue();
   EXPECT_NE(cluster_->Silt({"async", "remove", id}).exit_code, 0);
+}
+
+// com.silt.async.max-inflight=1: one run of the function at a time, in the
+// order the calls came.
+TEST_F(AsyncTest, AFunctionsRunsKeepToItsConcurrencyLimit) {
+  DeployScript("single", "sleep 0.2; cat\n",
+               {{"com.silt.async.max-inflight", "1"}});
+  for (int i = 0; i < 5; ++i)
+    ASSERT_EQ(Async("single", absl::StrCat(i)).status, 202);
+  size_t most = 0;
+  EXPECT_TRUE(WaitQueue([&](const json& q) {
+    size_t running = 0;
+    for (const auto& c : q) running += c.value("running", false);
+    most = std::max(most, running);
+    return q.empty();
+  })) << Queue();
+  EXPECT_EQ(most, 1u);
+  auto got = callbacks_->WaitFor(5, std::chrono::seconds(10));
+  ASSERT_EQ(got.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(got[i].body, absl::StrCat(i));
 }
 
 // The durability promise: a 202 means the call runs, whatever dies meanwhile.
