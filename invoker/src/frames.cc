@@ -153,7 +153,8 @@ absl::Status FrameReader::Next(std::string* out) {
     if (cap_ - start_ < need) {
       if (cap_ < need) {
         auto bigger = std::make_unique<char[]>(need);
-        memcpy(bigger.get(), buf_.get() + start_, have);
+        // (buf_ is null before the first read: no memcpy from null)
+        if (have > 0) memcpy(bigger.get(), buf_.get() + start_, have);
         buf_ = std::move(bigger);
         cap_ = need;
       } else {
