@@ -31,6 +31,9 @@ namespace v1 = silt::invoker::v1;
 namespace pv1 = silt::proclets::v1;
 
 constexpr char kDataKeyKey[] = "data-port-key";
+// Present once an invoker ever connected to this gateway's store: a restarted
+// gateway then holds calls for a moment while its invokers reconnect.
+constexpr char kNodesSeenKey[] = "nodes-seen";
 constexpr size_t kDataKeyBytes = 32;
 
 std::string Key(const std::string& ns, const std::string& name) {
@@ -165,6 +168,9 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   // Function calls in flight to invokers; drained by the destructor.
   std::set<grpc::ClientContext*> active;
   std::condition_variable active_cv;
+  Clock::time_point started = Clock::now();
+  bool expect_nodes = false;     // invokers connected to this store before
+  bool nodes_seen_kept = false;  // guarded by mu
 
   ~Impl() override {
     rebalancer.reset();
@@ -182,6 +188,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       server->Shutdown(std::chrono::system_clock::now() +
                        std::chrono::seconds(1));
     if (liveness.joinable()) liveness.join();
+    FailParked(true);
     std::unique_lock<std::mutex> l(mu);
     for (auto* c : active) c->TryCancel();
     active_cv.wait(l, [&] { return active.empty(); });
@@ -387,9 +394,21 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       }
       node->session = next_session++;
       nodes[node->name] = node;
+      if (!nodes_seen_kept) {
+        nodes_seen_kept = true;
+        store::WriteBatch b;
+        b.Put(store::Table::kMeta, kNodesSeenKey, "1");
+        store->Write(b, store::Durability::kBuffered).IgnoreError();
+      }
     }
     SendAssignments();
     SendClusterView();
+    std::vector<std::shared_ptr<Call>> waiting;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      waiting.swap(parked);
+    }
+    for (auto& call : waiting) Dispatch(call);
     v1::NodeMessage m;
     while (stream->Read(&m)) {
       if (m.has_pulse()) {
@@ -690,12 +709,36 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
                              [&] { return stopping; }))
           return;
       }
-      std::lock_guard<std::mutex> l(mu);
-      auto now = Clock::now();
-      for (auto& [n, node] : nodes) {
-        if (now - node->last_seen > options.node_timeout && node->ctx)
-          node->ctx->TryCancel();
+      {
+        std::lock_guard<std::mutex> l(mu);
+        auto now = Clock::now();
+        for (auto& [n, node] : nodes) {
+          if (now - node->last_seen > options.node_timeout && node->ctx)
+            node->ctx->TryCancel();
+        }
       }
+      FailParked(false);
+    }
+  }
+
+  // How long after the start calls wait for invokers to reconnect: their
+  // longest reconnect backoff (2 s) past the node timeout.
+  Clock::duration StartGrace() const {
+    return options.node_timeout + std::chrono::seconds(2);
+  }
+
+  // Fails the parked calls once the start grace is over (or all, stopping).
+  void FailParked(bool all) {
+    std::vector<std::shared_ptr<Call>> failed;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (parked.empty() || (!all && Clock::now() < started + StartGrace()))
+        return;
+      failed.swap(parked);
+    }
+    for (auto& call : failed) {
+      call->done(absl::UnavailableError(
+          absl::StrCat("No endpoints available for: ", call->call.name, ".")));
     }
   }
 
@@ -711,6 +754,10 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     v1::InvokeResponse res;
     std::vector<std::string> tried;
   };
+  // Calls that came while no node could take them in the first moments after
+  // this gateway started (its invokers are still reconnecting): dispatched as
+  // nodes connect, failed once the grace is over. Guarded by mu.
+  std::vector<std::shared_ptr<Call>> parked;
 
   // Caller holds mu. Of the nodes the function's constraints allow (a hot
   // one only when no other is left, while the function may move): the one
@@ -807,6 +854,11 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       std::lock_guard<std::mutex> l(mu);
       call->node = PickLocked(key, *call->fn, call->tried);
       if (call->node) ++call->node->inflight[key];
+      if (!call->node && call->tried.empty() && expect_nodes &&
+          Clock::now() < started + StartGrace()) {
+        parked.push_back(call);  // an invoker may be about to reconnect
+        return;
+      }
     }
     if (!call->node) {
       return call->done(absl::UnavailableError(
@@ -996,6 +1048,8 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
     b.Put(store::Table::kMeta, kDataKeyKey, impl->data_key);
     if (auto s = store->Write(b); !s.ok()) return s;
   }
+  impl->expect_nodes = impl->nodes_seen_kept =
+      store->Get(store::Table::kMeta, kNodesSeenKey).ok();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
