@@ -65,7 +65,9 @@ std::map<pid_t, pid_t> Workers(const std::set<pid_t>& invokers) {
     if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
     std::error_code ec;
     auto exe = fs::read_symlink(e.path() / "exe", ec);
-    if (ec || exe.filename() != "silt-worker") continue;
+    // "silt-worker (deleted)" once a restarted invoker replaced its copy.
+    if (ec || !absl::StartsWith(exe.filename().string(), "silt-worker"))
+      continue;
     pid_t owner = 0;
     for (pid_t p = pid; p > 1 && owner == 0; p = ParentOf(p))
       if (invokers.count(p)) owner = p;
@@ -88,16 +90,18 @@ int HostMountsUnder(const std::string& dir) {
   return n;
 }
 
-// Leaf cgroups under the invokers' "silt" cgroups that hold no process: what
-// a killed invoker leaves behind until its successor cleans up.
-int EmptyInstanceCgroups() {
+// Leaf cgroups of instances (silt/<node id>/<instance>, v2 or each v1
+// hierarchy) of the given nodes that hold no process: what a killed invoker
+// leaves behind until its successor cleans up.
+int EmptyInstanceCgroups(const std::vector<std::string>& node_ids) {
   int n = 0;
   std::vector<std::string> roots;
   for (absl::string_view line :
        absl::StrSplit(ReadFile("/proc/self/mountinfo"), '\n')) {
     std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
     for (size_t i = 6; i + 1 < f.size(); ++i)
-      if (f[i] == "-" && f[i + 1] == "cgroup2") roots.emplace_back(f[4]);
+      if (f[i] == "-" && (f[i + 1] == "cgroup2" || f[i + 1] == "cgroup"))
+        roots.emplace_back(f[4]);
   }
   for (const auto& root : roots) {
     std::error_code ec;
@@ -105,14 +109,14 @@ int EmptyInstanceCgroups() {
          !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
       if (!it->is_directory(ec)) continue;
       std::string p = it->path().string();
-      if (!absl::StrContains(p, "/silt/")) continue;
+      bool ours = false;
+      for (const auto& id : node_ids)
+        ours = ours || absl::StrContains(p, "/silt/" + id + "/");
+      if (!ours) continue;
       bool leaf = true;
       for (const auto& c : fs::directory_iterator(p, ec))
         if (c.is_directory()) leaf = false;
-      // A node's own cgroup (silt/<id>) is a leaf when it runs nothing.
-      if (leaf && fs::path(p).parent_path().filename() != "silt" &&
-          ReadFile(p + "/cgroup.procs").empty())
-        ++n;
+      if (leaf && ReadFile(p + "/cgroup.procs").empty()) ++n;
     }
   }
   return n;
@@ -314,6 +318,10 @@ TEST_F(ChaosTest, LoadSurvivesKill9OfTheGatewayAnInvokerAndAWorker) {
       if (owner != 0 && ParentOf(pid) == owner) victim = pid;
     if (victim == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  if (victim == 0) {
+    for (auto [pid, owner] : Workers(invokers))
+      printf("worker %d owner %d parent %d\n", pid, owner, ParentOf(pid));
+  }
   ASSERT_NE(victim, 0) << "no instance of echo runs";
   kill(victim, SIGKILL);
   ASSERT_TRUE(Progress(20)) << "calls do not recover after a worker died";
@@ -366,10 +374,15 @@ TEST_F(ChaosTest, LoadSurvivesKill9OfTheGatewayAnInvokerAndAWorker) {
   // The platform is as it was.
   EXPECT_EQ(Snapshot(), before);
   EXPECT_EQ(HostMountsUnder(dir_), mounts_before);
+  std::vector<std::string> node_ids;
+  for (const char* n : {"node-a", "node-b"}) {
+    std::string id = ReadFile(dir_ + "/" + n + "/node-id");
+    node_ids.push_back(id.substr(0, id.find('\n')));
+  }
   auto settled = [&] {
     for (auto [pid, owner] : Workers(Invokers()))
       if (owner == 0) return false;
-    return EmptyInstanceCgroups() == 0;
+    return EmptyInstanceCgroups(node_ids) == 0;
   };
   auto until = Clock::now() + std::chrono::seconds(30);
   while (Clock::now() < until && !settled())
@@ -381,7 +394,7 @@ TEST_F(ChaosTest, LoadSurvivesKill9OfTheGatewayAnInvokerAndAWorker) {
                         << " belongs to no invoker: " << chain << "\n"
                         << ReadFile(absl::StrCat("/proc/", pid, "/cgroup"));
   }
-  EXPECT_EQ(EmptyInstanceCgroups(), 0);
+  EXPECT_EQ(EmptyInstanceCgroups(node_ids), 0);
 }
 
 }  // namespace
