@@ -1727,7 +1727,19 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     absl::Status s = WriteFrame(inst.channel, call);
     if (s.ok())
       s = ReadFrame(inst.channel, reply, left + std::chrono::milliseconds(100));
-    if (s.ok()) return s;
+    if (s.ok()) {
+      // The instance lives, but the OOM killer may have ended one of its
+      // processes (a classic fprocess): the failed call says why.
+      if (reply->status() >= 500 && inst.proc &&
+          inst.proc->cgroup().NewOomKills() > 0) {
+        std::string oom =
+            "a process was killed: out of memory (memory limit reached)";
+        reply->set_body(absl::StrCat(reply->body(), "silt: ", oom, "\n"));
+        logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), inst.id,
+                    absl::StrCat("silt: instance ", inst.id, " ", role, oom));
+      }
+      return s;
+    }
     *why = absl::IsDeadlineExceeded(s) ? "timed out" : DeathReason(inst);
     Release(pool, nullptr);
     logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), inst.id,

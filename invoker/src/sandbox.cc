@@ -835,16 +835,29 @@ absl::Status Cgroup::AddProcess(pid_t pid) {
   return absl::OkStatus();
 }
 
-bool Cgroup::OomKilled() const {
+namespace {
+
+// The oom_kill count of a memory.events (v2) or memory.oom_control (v1).
+uint64_t OomKillCount(const std::string& memory_dir, bool v2) {
   std::string text =
-      ReadFile(memory_dir_ + (v2_ ? "/memory.events" : "/memory.oom_control"));
+      ReadFile(memory_dir + (v2 ? "/memory.events" : "/memory.oom_control"));
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     uint64_t n = 0;
-    if (absl::ConsumePrefix(&line, "oom_kill ") && absl::SimpleAtoi(line, &n) &&
-        n > 0)
-      return true;
+    if (absl::ConsumePrefix(&line, "oom_kill ") && absl::SimpleAtoi(line, &n))
+      return n;
   }
-  return false;
+  return 0;
+}
+
+}  // namespace
+
+bool Cgroup::OomKilled() const { return OomKillCount(memory_dir_, v2_) > 0; }
+
+uint64_t Cgroup::NewOomKills() {
+  uint64_t n = OomKillCount(memory_dir_, v2_);
+  uint64_t fresh = n > oom_kills_seen_ ? n - oom_kills_seen_ : 0;
+  oom_kills_seen_ = n;
+  return fresh;
 }
 
 uint64_t Cgroup::MemoryUsage() const {

@@ -87,6 +87,9 @@ class Cgroup {
   std::vector<std::string> ProcsFiles() const;
   // The kernel's OOM killer acted in this cgroup.
   bool OomKilled() const;
+  // How many processes the OOM killer ended here since the last call (one
+  // of an instance's processes, e.g. a classic fprocess, while it lives on).
+  uint64_t NewOomKills();
   uint64_t MemoryUsage() const;
 
  private:
@@ -94,6 +97,7 @@ class Cgroup {
   std::vector<std::string> dirs_;
   std::string memory_dir_;
   bool v2_ = false;
+  uint64_t oom_kills_seen_ = 0;  // NewOomKills' count so far
 };
 
 class SandboxedProcess {

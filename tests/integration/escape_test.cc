@@ -451,10 +451,14 @@ TEST_F(EscapeTest, MemoryBombIsKilledAtTheLimit) {
     auto r = Invoke("/function/escape/membomb?mb=512");
     EXPECT_EQ(r.status, 502) << r.body;
     EXPECT_TRUE(absl::StrContains(r.body, "out of memory")) << r.body;
+    // The OOM killer ends the exec function's process; its instance lives.
     std::string out = Sh("/membomb", 500);
     EXPECT_TRUE(absl::StrContains(out, "killed by signal 9")) << out;
+    EXPECT_TRUE(absl::StrContains(out, "out of memory")) << out;
   });
   EXPECT_TRUE(LogsSay("escape", "out of memory"));
+  EXPECT_TRUE(LogsSay("escape-sh", "out of memory"));
+  EXPECT_EQ(Sh("/"), "ok\n");
   EXPECT_EQ(Invoke("/function/escape/").status, 200);  // a fresh instance
 }
 
