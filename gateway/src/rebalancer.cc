@@ -341,8 +341,10 @@ struct Rebalancer::Impl {
       if (ep.since <= first) first = ep.since, reason = ep.reason;
     std::vector<std::string> done;
     for (const auto& [name, ep] : open) {
-      auto n = std::find_if(nodes.begin(), nodes.end(),
-                            [&](const auto& v) { return v.name == name; });
+      // (clang before 16 cannot capture a structured binding)
+      auto n = std::find_if(
+          nodes.begin(), nodes.end(),
+          [&want = name](const auto& v) { return v.name == want; });
       bool relieved =
           n == nodes.end() ||  // the node is gone
           (ep.reason == MoveReason::kMemoryHigh
