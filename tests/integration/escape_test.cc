@@ -409,6 +409,43 @@ TEST_F(EscapeTest, NothingOutsideTmpIsWritable) {
   });
 }
 
+// An instance that is never checkpointed mounts a whole /proc (not only its
+// processes): the host's kernel files there stay closed too.
+TEST_F(EscapeTest, AWholeProcStaysClosed) {
+  Deploy({{"service", "escape-plain"},
+          {"labels", {{"com.silt.snapshot", "false"}}}});
+  auto attempt = [&](const std::string& route) {
+    auto r = Invoke("/function/escape-plain" + route);
+    EXPECT_EQ(r.status, 200) << route << ": " << r.body;
+    return r.status == 200 ? json::parse(r.body) : json::object();
+  };
+  Contained([&] {
+    for (const char* path : {"/proc/kcore", "/proc/kmsg", "/etc/shadow"}) {
+      json r = attempt(std::string("/read?path=") + path);
+      EXPECT_EQ(r["ok"], false) << path;
+      // ENOENT: not in this kernel.
+      EXPECT_TRUE(r["errno"] == "EACCES" || r["errno"] == "ENOENT")
+          << path << ": " << r.dump();
+    }
+    for (const char* path :
+         {"/proc/sysrq-trigger", "/proc/sys/kernel/core_pattern",
+          "/proc/sys/kernel/modprobe", "/proc/sys/vm/drop_caches"}) {
+      json r = attempt(std::string("/write?path=") + path);
+      EXPECT_EQ(r["ok"], false) << path;
+      // ENOENT: not in this kernel.
+      EXPECT_TRUE(r["errno"] == "EACCES" || r["errno"] == "ENOENT")
+          << path << ": " << r.dump();
+    }
+    json r = attempt("/list?path=/proc");
+    ASSERT_EQ(r["ok"], true);
+    for (const auto& n : r["names"]) {
+      std::string s = n.get<std::string>();
+      if (!s.empty() && std::isdigit(static_cast<unsigned char>(s[0])))
+        EXPECT_EQ(s, "1") << "a process outside the sandbox: " << r.dump();
+    }
+  });
+}
+
 // ---- resources: bounded by the instance's cgroup and /tmp ----
 
 TEST_F(EscapeTest, FillingTmpStopsAtItsSize) {
