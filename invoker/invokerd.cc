@@ -15,6 +15,10 @@
 #include "invoker/invoker.h"
 #include "silt/version.h"
 
+#ifdef __SANITIZE_ADDRESS__  // the ASan+UBSan build
+#include <sanitizer/lsan_interface.h>
+#endif
+
 int main(int argc, char** argv) {
   // gRPC's absl::Mutex runs deadlock detection unless told not to: measurable
   // per call.
@@ -142,5 +146,8 @@ int main(int argc, char** argv) {
   // Everything is stopped, flushed and closed. Skip static destructors: gRPC's
   // own threads may still be winding down and would call into them.
   fflush(nullptr);
+#ifdef __SANITIZE_ADDRESS__
+  __lsan_do_leak_check();  // what exit() would have run
+#endif
   _exit(0);
 }
