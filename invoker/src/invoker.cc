@@ -369,6 +369,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       for (int fd : task_channels) shutdown(fd, SHUT_RDWR);
     }
     executor.reset();
+    // The data port's peer threads run tasks here (RunTask: the pools, mu,
+    // seccomp_log), so they are joined while those members still exist.
+    proclet_host.reset();
     std::lock_guard<std::mutex> l(mu);
     pools.clear();
   }
