@@ -700,11 +700,15 @@ void NullStdio() {
 // restore the channel, and the image must not hold it). The invoker dumps us
 // here, and wakes us (this process, a restored copy, or several) with
 // SIGUSR1; we then connect to the run directory the invoker bound for us.
+// The channel closes last: the invoker starts the dump as soon as it reads
+// its end, and the state connection (a socket of the invoker's network
+// namespace: "Unix socket N not found" to CRIU) and the log pipes must be
+// gone by then.
 template <typename Runtime>
 bool ParkAndResume(Runtime& rt) {
-  close(kChannel);
   g_state.Attach(-1);
   NullStdio();
+  close(kChannel);
   sigset_t usr1;
   sigemptyset(&usr1);
   sigaddset(&usr1, SIGUSR1);
