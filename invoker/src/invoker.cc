@@ -1723,10 +1723,13 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   absl::Status CallInstance(Pool& pool, Instance& inst, v1::WorkerCall& call,
                             Clock::time_point deadline, const char* role,
                             v1::WorkerReply* reply, std::string* why) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - Clock::now());
-    call.set_timeout_ms(
-        static_cast<uint64_t>(std::max<int64_t>(1, left.count())));
+    // A cold start may have used up the call's time: the call still goes
+    // out, with 1 ms, and the read waits 100 ms more at most (ReadFrame
+    // waits forever on a negative timeout: the call would run to its end).
+    auto left = std::max(std::chrono::milliseconds(1),
+                         std::chrono::duration_cast<std::chrono::milliseconds>(
+                             deadline - Clock::now()));
+    call.set_timeout_ms(static_cast<uint64_t>(left.count()));
     absl::Status s = WriteFrame(inst.channel, call);
     if (s.ok())
       s = ReadFrame(inst.channel, reply, left + std::chrono::milliseconds(100));

@@ -397,6 +397,19 @@ TEST_F(FunctionsTest, ExecTimeoutIs504) {
   EXPECT_EQ(Invoke("GET", "/function/probe/sleep?ms=1").status, 200);
 }
 
+// The timeout counts from the call's arrival: a cold start that outlasts it
+// (64 MiB of state filled in init, then checkpointed) leaves the call no
+// time, and it still times out. The invoker once waited for the reply
+// without a limit then, and a slow batch run answered 200.
+TEST_F(FunctionsTest, ExecTimeoutIs504AfterALongColdStart) {
+  Deploy({{"service", "probe"},
+          {"envVars", {{"exec_timeout", "100ms"}, {"STATE_MB", "64"}}}});
+  auto r = Invoke("GET", "/function/probe/sleep?ms=2000");
+  EXPECT_EQ(r.status, 504) << r.body << " (a " << r.Header("X-Silt-Start")
+                           << " start of " << r.Header("X-Silt-Start-Ms")
+                           << " ms)";
+}
+
 // A classic-mode call ends when its process exits, even if a child it left
 // still holds its stdout; the leftovers die with the call.
 TEST_F(FunctionsTest, ClassicCallEndsWhenItsProcessExits) {
