@@ -1,6 +1,8 @@
 #include "common/cluster.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,8 +43,25 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
     if (geteuid() != 0 || access(kIp, X_OK) != 0 || access(kNsenter, X_OK) != 0)
       return absl::FailedPreconditionError(
           "network namespaces need root, ip (iproute2) and nsenter");
-    // 512 /24 subnets of 198.18.0.0/15, one per test process.
-    int n = static_cast<int>(getpid() % 512);
+    // 512 /24 subnets of 198.18.0.0/15, one per live cluster: the first free
+    // one from the pid on, held by a lock on a file (released however this
+    // process ends). Two clusters on one subnet would route into each other.
+    int n = -1;
+    for (int i = 0; i < 512 && n < 0; ++i) {
+      int k = static_cast<int>((getpid() + i) % 512);
+      int fd =
+          open(absl::StrCat("/tmp/silt-cluster-subnet-", k, ".lock").c_str(),
+               O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      if (fd < 0) continue;
+      if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        c->subnet_lock_ = fd;
+        n = k;
+      } else {
+        close(fd);
+      }
+    }
+    if (n < 0)
+      return absl::ResourceExhaustedError("no free test subnet in 198.18/15");
     c->subnet_ = absl::StrCat("198.", 18 + n / 256, ".", n % 256, ".");
     c->prefix_ = absl::StrCat("s", getpid() % 100000);
     if (auto s = c->CreateBridge(); !s.ok()) return s;
@@ -61,8 +80,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
 absl::Status Cluster::RestartGateway(int sig) {
   std::string grpc = gateway_->grpc_address();
   gateway_->Stop(sig);
-  auto gw = GatewayProcess::Start(dir_ + "/gateway", options_.gateway_flags,
-                                  grpc);
+  auto gw =
+      GatewayProcess::Start(dir_ + "/gateway", options_.gateway_flags, grpc);
   if (!gw.ok()) return gw.status();
   *gateway_ = *std::move(gw);
   auto r = Silt({"login", "--password-stdin"}, gateway_->password());
@@ -120,6 +139,7 @@ Cluster::~Cluster() {
   for (auto& [name, node] : nodes_)
     if (!node.netns.empty()) (void)Ip({"netns", "del", node.netns});
   if (!bridge_.empty()) (void)Ip({"link", "del", bridge_});
+  if (subnet_lock_ >= 0) close(subnet_lock_);
 }
 
 std::vector<std::string> Cluster::InNode(const std::string& name,

@@ -123,8 +123,9 @@ class Cluster {
 
   std::string dir_;
   ClusterOptions options_;
-  std::string prefix_;  // of namespace and link names
-  std::string subnet_;  // "198.18.N." without the last byte
+  std::string prefix_;    // of namespace and link names
+  std::string subnet_;    // "198.18.N." without the last byte
+  int subnet_lock_ = -1;  // held while the subnet is this cluster's
   std::string bridge_;
   int next_host_ = 2;
   std::unique_ptr<GatewayProcess> gateway_;
