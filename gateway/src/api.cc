@@ -841,19 +841,6 @@ absl::StatusOr<HttpResponse> Api::Logs(const HttpRequest& req) {
   return r;
 }
 
-namespace {
-
-bool IsHopByHop(absl::string_view h) {
-  for (absl::string_view x :
-       {"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-        "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}) {
-    if (absl::EqualsIgnoreCase(h, x)) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
     const HttpRequest& req, bool async, absl::string_view name_and_ns,
     Reply& reply) {

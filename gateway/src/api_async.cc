@@ -23,16 +23,6 @@ using nlohmann::ordered_json;
 
 HttpResponse MethodNotAllowed() { return HttpResponse::Empty(405); }
 
-bool IsHopByHop(absl::string_view h) {
-  for (absl::string_view x :
-       {"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-        "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-        "Content-Length"}) {
-    if (absl::EqualsIgnoreCase(h, x)) return true;
-  }
-  return false;
-}
-
 // Call ids are store keys and travel in headers: printable, no separators a
 // header or a path could not carry.
 absl::Status ValidateCallId(absl::string_view id) {
@@ -123,7 +113,9 @@ absl::StatusOr<HttpResponse> Api::EnqueueAsync(const HttpRequest& req,
       slash == absl::string_view::npos ? "/" : std::string(rest.substr(slash));
   call.query = req.query;
   for (const auto& [k, v] : req.headers) {
-    if (IsHopByHop(k) || absl::EqualsIgnoreCase(k, "X-Call-Id")) continue;
+    if (IsHopByHop(k) || absl::EqualsIgnoreCase(k, "Content-Length") ||
+        absl::EqualsIgnoreCase(k, "X-Call-Id"))
+      continue;
     call.headers.emplace_back(k, v);
   }
   call.headers.emplace_back("X-Call-Id", call_id);

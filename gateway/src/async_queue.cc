@@ -46,16 +46,6 @@ bool Retryable(int status) {
          status == 503 || status == 504;
 }
 
-bool IsHopByHop(absl::string_view h) {
-  for (absl::string_view x :
-       {"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-        "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-        "Content-Length"}) {
-    if (absl::EqualsIgnoreCase(h, x)) return true;
-  }
-  return false;
-}
-
 // Retry-After in seconds or as an HTTP-date; -1 when absent or unreadable.
 int64_t RetryAfterMs(const HeaderList& headers) {
   for (const auto& [k, v] : headers) {
@@ -597,7 +587,8 @@ struct AsyncQueue::Impl {
     cb.body = r->result_body;
     bool has_ct = false;
     for (const auto& [k, v] : r->result_headers) {
-      if (IsHopByHop(k)) continue;
+      if (IsHopByHop(k) || absl::EqualsIgnoreCase(k, "Content-Length"))
+        continue;
       has_ct |= absl::EqualsIgnoreCase(k, "Content-Type");
       cb.headers.emplace_back(k, v);
     }

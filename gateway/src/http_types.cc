@@ -96,4 +96,13 @@ std::string UrlDecode(absl::string_view s) {
   return out;
 }
 
+bool IsHopByHop(absl::string_view header) {
+  for (absl::string_view x :
+       {"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+        "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}) {
+    if (absl::EqualsIgnoreCase(header, x)) return true;
+  }
+  return false;
+}
+
 }  // namespace silt::gateway

@@ -53,6 +53,9 @@ using Reply = std::function<void(HttpResponse)>;
 using Handler = std::function<void(HttpRequest, Reply)>;
 
 std::string UrlDecode(absl::string_view s);
+// Headers that describe one connection, not the message (RFC 9110 7.6.1):
+// never forwarded between a client and a function.
+bool IsHopByHop(absl::string_view header);
 
 }  // namespace silt::gateway
 
