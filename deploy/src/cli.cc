@@ -24,11 +24,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "async_cmd.h"
 #include "deploy/build.h"
 #include "deploy/config.h"
 #include "deploy/http_client.h"
 #include "deploy/stack.h"
-#include "async_cmd.h"
 #include "nlohmann/json.hpp"
 #include "silt/version.h"
 #include "watch.h"
@@ -667,8 +667,8 @@ int Invoke(const Client& c, const std::string& name, const std::string& ns,
   if (!isatty(STDIN_FILENO)) body = ReadAll(std::cin);
   HttpCall call;
   call.method = async ? "POST" : method;
-  if (!callback_url.empty()) call.headers.emplace_back("X-Callback-Url",
-                                                       callback_url);
+  if (!callback_url.empty())
+    call.headers.emplace_back("X-Callback-Url", callback_url);
   std::string path = std::string(async ? "/async-function/" : "/function/") +
                      name + "." + (ns.empty() ? kDefaultNamespace : ns);
   std::string q;

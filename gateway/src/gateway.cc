@@ -212,13 +212,13 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   async_options.max_backoff = options.async_max_backoff;
   async_options.max_inflight_per_function = options.async_max_inflight;
   async_options.call_timeout = options.upstream_timeout;
-  auto async = AsyncQueue::Start(async_options, impl->store.get(),
-                                 impl->nodes.get());
+  auto async =
+      AsyncQueue::Start(async_options, impl->store.get(), impl->nodes.get());
   if (!async.ok()) return async.status();
   impl->async = *std::move(async);
-  impl->api = std::make_unique<Api>(
-      impl->store.get(), &impl->metrics, impl->bundles.get(),
-      impl->nodes.get(), std::move(api_options), impl->async.get());
+  impl->api = std::make_unique<Api>(impl->store.get(), &impl->metrics,
+                                    impl->bundles.get(), impl->nodes.get(),
+                                    std::move(api_options), impl->async.get());
 
   Api* api = impl->api.get();
   HttpServerOptions http;

@@ -2278,9 +2278,9 @@ absl::Status PrepareProcess() {
   // /dev, CRIU's binds) leak: they go with the namespace when the invoker dies,
   // even by SIGKILL, on every host.
   if (unshare(CLONE_NEWNS) != 0)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no private mount namespace (", strerror(errno),
-        "): mounts made for instances outlive a killed invoker"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no private mount namespace (", strerror(errno),
+                     "): mounts made for instances outlive a killed invoker"));
   if (mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0)
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot make the mount namespace a slave (", strerror(errno),
