@@ -368,9 +368,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       std::lock_guard<std::mutex> l(mu);
       for (int fd : task_channels) shutdown(fd, SHUT_RDWR);
     }
+    // The data port's peer threads run tasks and jobs here (RunTask: the
+    // pools, mu, seccomp_log, the proclet host itself; the executor), so they
+    // are joined while all of those still exist.
+    if (proclet_host) proclet_host->StopPeers();
     executor.reset();
-    // The data port's peer threads run tasks here (RunTask: the pools, mu,
-    // seccomp_log), so they are joined while those members still exist.
     proclet_host.reset();
     std::lock_guard<std::mutex> l(mu);
     pools.clear();

@@ -48,6 +48,11 @@ struct ProcletHost::Impl {
 ProcletHost::ProcletHost(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ProcletHost::~ProcletHost() = default;
 
+void ProcletHost::StopPeers() {
+  impl_->port->Shutdown();
+  impl_->port->Join();
+}
+
 absl::StatusOr<std::unique_ptr<ProcletHost>> ProcletHost::Start(
     ProcletHostOptions options) {
   auto impl = std::make_unique<Impl>();

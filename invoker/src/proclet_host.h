@@ -57,6 +57,11 @@ class ProcletHost {
       ProcletHostOptions options);
   ~ProcletHost();  // closes every connection and joins its threads
 
+  // Takes no more peer connections and joins the threads serving them (tasks
+  // they run finish first), so the owner can tear down what `run_task` and
+  // `jobs` use before destroying the host. Idempotent.
+  void StopPeers();
+
   std::string data_address() const;
   // The cluster's data-port key (from the gateway): every data connection,
   // in and out, starts with it; until it is set, none is made or taken.

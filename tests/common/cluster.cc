@@ -91,6 +91,16 @@ absl::Status Cluster::RestartGateway(int sig) {
 }
 
 absl::Status Cluster::CreateBridge() {
+  // A cluster killed before its destructor ran (a test timed out) left its
+  // bridge with an address in this subnet, and its route would carry our
+  // nodes' replies into it. The subnet's lock says no live cluster owns it.
+  std::vector<std::string> show = {kIp,    "-o", "addr",
+                                   "show", "to", subnet_ + "0/24"};
+  for (absl::string_view line :
+       absl::StrSplit(RunCommand(show).out, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() > 1) (void)Ip({"link", "del", f[1].substr(0, f[1].find('@'))});
+  }
   bridge_ = prefix_ + "br";
   if (auto s = Ip({"link", "add", bridge_, "type", "bridge"}); !s.ok())
     return s;
