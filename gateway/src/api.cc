@@ -905,14 +905,16 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
     call.headers.emplace_back("X-Forwarded-For", req.remote);
   call.body = req.body;
   call.timeout = options_.upstream_timeout;
-  call.cold_start = std::string(req.Header("X-Silt-Cold-Start"));
-  if (!call.cold_start.empty() && call.cold_start != "boot" &&
-      call.cold_start != "restore" && call.cold_start != "fork" &&
-      call.cold_start != "criu") {
-    HttpResponse res = HttpResponse::Text(
-        400, "X-Silt-Cold-Start must be boot, restore, fork or criu");
-    decorate(res);
-    return res;
+  if (req.HasHeader("X-Silt-Cold-Start")) {
+    absl::string_view h = req.Header("X-Silt-Cold-Start");
+    auto cold = invoker::call_wire::ParseColdStart({h.data(), h.size()});
+    if (!cold) {
+      HttpResponse res = HttpResponse::Text(
+          400, "X-Silt-Cold-Start must be boot, restore, fork or criu");
+      decorate(res);
+      return res;
+    }
+    call.cold_start = *cold;
   }
   std::string request_ct(req.Header("Content-Type"));
 

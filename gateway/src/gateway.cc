@@ -202,7 +202,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
       std::max(0.05, options.memory_high - 0.1);
   if (options.shard_split_bytes)
     node_options.directory.default_max_shard_bytes = options.shard_split_bytes;
-  auto nodes = NodeRegistry::Start(node_options, impl->store.get(),
+  auto nodes = NodeRegistry::Start(node_options, impl->ioc, impl->store.get(),
                                    impl->bundles.get(), &impl->metrics);
   if (!nodes.ok()) return nodes.status();
   impl->nodes = *std::move(nodes);

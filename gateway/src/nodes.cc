@@ -19,6 +19,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "call_client.h"
+#include "invoker/call_wire.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "log_ring.h"
 #include "openfaas_types.h"
@@ -29,6 +31,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace v1 = silt::invoker::v1;
 namespace pv1 = silt::proclets::v1;
+namespace cw = silt::invoker::call_wire;
 
 constexpr char kDataKeyKey[] = "data-port-key";
 // Present once an invoker ever connected to this gateway's store: a restarted
@@ -132,7 +135,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
         nullptr;
     std::mutex write_mu;
     std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<v1::Invoker::Stub> stub;
+    std::unique_ptr<v1::Invoker::Stub> stub;  // control: logs, snapshots
+    std::unique_ptr<CallClient> calls;        // function calls
     Clock::time_point last_seen;
     std::map<std::string, v1::InstanceCount> counts;    // by ns/name
     std::map<std::string, int> inflight;                // by ns/name
@@ -140,6 +144,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   };
 
   NodeRegistryOptions options;
+  boost::asio::io_context* ioc = nullptr;  // the function calls' connections
   store::Store* store;
   BundleStore* bundles;
   Metrics* metrics = nullptr;
@@ -165,9 +170,6 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   std::condition_variable stop_cv;
   bool stopping = false;
   std::thread liveness;
-  // Function calls in flight to invokers; drained by the destructor.
-  std::set<grpc::ClientContext*> active;
-  std::condition_variable active_cv;
   Clock::time_point started = Clock::now();
   bool expect_nodes = false;     // invokers connected to this store before
   bool nodes_seen_kept = false;  // guarded by mu
@@ -189,9 +191,9 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
                        std::chrono::seconds(1));
     if (liveness.joinable()) liveness.join();
     FailParked(true);
-    std::unique_lock<std::mutex> l(mu);
-    for (auto* c : active) c->TryCancel();
-    active_cv.wait(l, [&] { return active.empty(); });
+    // Calls in flight end with Unavailable (on the io_context, if it runs).
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& [n, node] : nodes) node->calls->Close();
   }
 
   // ---- function specs ----
@@ -359,9 +361,10 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "first message must be register");
     const auto& reg = first.register_();
-    if (reg.node_name().empty() || reg.address().empty())
+    if (reg.node_name().empty() || reg.address().empty() ||
+        reg.call_address().empty())
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "node name and address required");
+                          "node name, address and call address required");
     auto node = std::make_shared<Node>();
     node->name = reg.node_name();
     node->address = reg.address();
@@ -378,6 +381,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     node->channel = grpc::CreateCustomChannel(
         node->address, grpc::InsecureChannelCredentials(), args);
     node->stub = v1::Invoker::NewStub(node->channel);
+    node->calls =
+        std::make_unique<CallClient>(*ioc, reg.call_address(), data_key);
     {
       std::lock_guard<std::mutex> l(mu);
       if (auto it = nodes.find(node->name); it != nodes.end()) {
@@ -745,13 +750,13 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   // ---- invoke ----
 
   struct Call {
-    InvokeCall call;
+    InvokeCall call;  // its body and headers moved into `frame`
     std::function<void(absl::StatusOr<InvokeResult>)> done;
     std::shared_ptr<const Fn> fn;
     std::shared_ptr<Node> node;
-    grpc::ClientContext ctx;
-    v1::InvokeRequest req;
-    v1::InvokeResponse res;
+    cw::Request req;    // what goes to the node (its body: in `frame`)
+    std::string frame;  // req as sent (kept to send again elsewhere)
+    bool with_spec = false;
     std::vector<std::string> tried;
   };
   // Calls that came while no node could take them in the first moments after
@@ -829,22 +834,21 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       call->fn = it->second;
       ++calls[it->first];
     }
-    v1::InvokeRequest& r = call->req;
-    r.set_name(call->call.name);
-    r.set_namespace_(call->call.ns);
-    r.set_generation(call->fn->spec.generation());
-    r.set_call_id(call->call.call_id);
-    r.set_method(call->call.method);
-    r.set_path(call->call.path);
-    r.set_query(call->call.query);
-    for (auto& [k, v] : call->call.headers) {
-      auto* h = r.add_headers();
-      h->set_name(k);
-      h->set_value(v);
-    }
-    r.set_body(std::move(call->call.body));
-    r.set_timeout_ms(static_cast<uint64_t>(call->call.timeout.count()));
-    r.set_cold_start(call->call.cold_start);
+    cw::Request& r = call->req;
+    r.name = call->call.name;
+    r.ns = call->call.ns;
+    r.generation = call->fn->spec.generation();
+    r.call_id = call->call.call_id;
+    r.method = std::move(call->call.method);
+    r.path = std::move(call->call.path);
+    r.query = std::move(call->call.query);
+    r.headers = std::move(call->call.headers);
+    r.body = std::move(call->call.body);
+    r.timeout_ms = static_cast<uint32_t>(call->call.timeout.count());
+    r.cold_start = call->call.cold_start;
+    cw::AppendRequest(&call->frame, r);
+    r.body.clear();  // the frame has it
+    r.headers.clear();
     Dispatch(call);
   }
 
@@ -869,69 +873,71 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   }
 
   void Send(std::shared_ptr<Call> call) {
-    {
-      std::lock_guard<std::mutex> l(mu);
-      active.insert(&call->ctx);
-    }
-    call->ctx.set_deadline(std::chrono::system_clock::now() +
-                           call->call.timeout + std::chrono::seconds(2));
-    call->node->stub->async()->Invoke(
-        &call->ctx, &call->req, &call->res,
-        [this, call](grpc::Status s) { OnDone(call, s); });
+    auto deadline = Clock::now() + call->call.timeout + std::chrono::seconds(2);
+    call->node->calls->Call(
+        call->frame, deadline,
+        [this, call](absl::StatusOr<cw::Reply> r) { OnDone(call, r); });
   }
 
-  void OnDone(std::shared_ptr<Call> call, const grpc::Status& s) {
+  // The node does not know this function version: the call goes again with
+  // its spec.
+  void SendWithSpec(std::shared_ptr<Call> call) {
+    // The frame is rebuilt around the body it already holds.
+    uint32_t len;
+    memcpy(&len, call->frame.data(), 4);
+    cw::Request full;
+    if (!cw::ParseRequest(std::string_view(call->frame).substr(4, len), &full))
+      return call->done(absl::InternalError("cannot re-read a call frame"));
+    full.spec = call->fn->spec.SerializeAsString();
+    call->frame.clear();
+    cw::AppendRequest(&call->frame, full);
+    call->with_spec = true;
+    Send(call);
+  }
+
+  void OnDone(std::shared_ptr<Call> call, absl::StatusOr<cw::Reply>& r) {
     std::string key = Key(call->call.ns, call->call.name);
-    {
-      std::lock_guard<std::mutex> l(mu);
-      active.erase(&call->ctx);
-      if (active.empty()) active_cv.notify_all();
-    }
     bool shutting_down;
     {
       std::lock_guard<std::mutex> l(stop_mu);
       shutting_down = stopping;
     }
-    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
-        !call->req.has_spec() && !shutting_down) {
-      // The node does not know this version yet: send the spec along.
-      *call->req.mutable_spec() = call->fn->spec;
-      auto next = std::make_shared<Call>();
-      next->call = std::move(call->call);
-      next->done = std::move(call->done);
-      next->fn = call->fn;
-      next->node = call->node;
-      next->req = std::move(call->req);
-      next->tried = call->tried;
-      return Send(next);
-    }
+    if (r.ok() && r->outcome == cw::Outcome::kNeedSpec && !call->with_spec &&
+        !shutting_down)
+      return SendWithSpec(std::move(call));
     {
       std::lock_guard<std::mutex> l(mu);
       --call->node->inflight[key];
-      if (s.ok() && call->res.has_count())
-        call->node->counts[key] = call->res.count();
+      if (r.ok() && r->outcome == cw::Outcome::kAnswered) {
+        v1::InstanceCount& c = call->node->counts[key];
+        c.set_name(call->call.name);
+        c.set_namespace_(call->call.ns);
+        c.set_generation(call->fn->spec.generation());
+        c.set_ready(r->ready);
+        c.set_busy(r->busy);
+      }
     }
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
-        call->tried.size() < 3 && !shutting_down) {
-      // The node went away: try another one.
-      auto next = std::make_shared<Call>();
-      next->call = std::move(call->call);
-      next->done = std::move(call->done);
-      next->fn = call->fn;
-      next->req = std::move(call->req);
-      next->tried = call->tried;
-      return Dispatch(next);
+    absl::Status s = r.status();
+    if (s.ok() && r->outcome == cw::Outcome::kError)
+      s = absl::Status(static_cast<absl::StatusCode>(r->error_code), r->error);
+    if (s.ok() && r->outcome == cw::Outcome::kNeedSpec)
+      s = absl::InternalError(absl::StrCat("node ", call->node->name,
+                                           " did not take function ",
+                                           call->call.name, "'s spec"));
+    if (absl::IsUnavailable(s) && call->tried.size() < 3 && !shutting_down) {
+      // The node went away (or is not ready): try another one.
+      call->node.reset();
+      return Dispatch(std::move(call));
     }
-    if (!s.ok()) return call->done(FromGrpc(s));
+    if (!s.ok()) return call->done(s);
     InvokeResult out;
-    out.status = call->res.status();
-    for (auto& h : *call->res.mutable_headers())
-      out.headers.emplace_back(h.name(), h.value());
-    out.body = std::move(*call->res.mutable_body());
-    out.start_tier = call->res.start_tier();
-    out.start_ms = call->res.start_ms();
-    out.instance = call->res.instance();
-    out.failure = call->res.failure();
+    out.status = r->status;
+    out.headers = std::move(r->headers);
+    out.body = std::move(r->body);
+    out.start_tier = cw::StartTierName(r->tier);
+    out.start_ms = r->start_us / 1000.0;
+    out.instance = std::move(r->instance);
+    out.failure = cw::FailureName(r->failure);
     out.node = call->node->name;
     call->done(std::move(out));
   }
@@ -1030,10 +1036,11 @@ NodeRegistry::NodeRegistry(std::unique_ptr<Impl> impl)
 NodeRegistry::~NodeRegistry() = default;
 
 absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
-    const NodeRegistryOptions& options, store::Store* store,
-    BundleStore* bundles, Metrics* metrics) {
+    const NodeRegistryOptions& options, boost::asio::io_context& ioc,
+    store::Store* store, BundleStore* bundles, Metrics* metrics) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->ioc = &ioc;
   impl->metrics = metrics;
   impl->store = store;
   impl->bundles = bundles;

@@ -17,9 +17,14 @@
 #include "bundles.h"
 #include "directory.h"
 #include "http_types.h"
+#include "invoker/call_wire.h"
 #include "metrics.h"
 #include "rebalancer.h"
 #include "store/store.h"
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 namespace silt::gateway {
 
@@ -33,7 +38,9 @@ struct InvokeCall {
   HeaderList headers;
   std::string body;
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
-  std::string cold_start;  // X-Silt-Cold-Start: boot | restore | fork
+  // X-Silt-Cold-Start: a new instance started this way serves the call.
+  invoker::call_wire::ColdStart cold_start =
+      invoker::call_wire::ColdStart::kAny;
 };
 
 struct InvokeResult {
@@ -104,10 +111,11 @@ struct NodeRegistryOptions {
 
 class NodeRegistry {
  public:
-  // `metrics` (may be null) must outlive the registry.
+  // Function calls to the nodes run on `ioc` (invoker/call_wire.h). `ioc`,
+  // and `metrics` (may be null), must outlive the registry.
   static absl::StatusOr<std::unique_ptr<NodeRegistry>> Start(
-      const NodeRegistryOptions& options, store::Store* store,
-      BundleStore* bundles, Metrics* metrics = nullptr);
+      const NodeRegistryOptions& options, boost::asio::io_context& ioc,
+      store::Store* store, BundleStore* bundles, Metrics* metrics = nullptr);
   ~NodeRegistry();
 
   std::string address() const;
@@ -116,8 +124,9 @@ class NodeRegistry {
   // The function table changed (deploy, update, delete, scale, secret): rebuild
   // the specs and send every node its new assignment.
   void FunctionsChanged();
-  // Routes one call to a node. `done` runs on a gRPC thread. NotFound: no such
-  // function; Unavailable: no node can run it; DeadlineExceeded: it timed out.
+  // Routes one call to a node. `done` runs on an io_context thread (or here).
+  // NotFound: no such function; Unavailable: no node can run it;
+  // DeadlineExceeded: it timed out.
   void Invoke(InvokeCall call,
               std::function<void(absl::StatusOr<InvokeResult>)> done);
   // Instances of the function's current version that are up, over all nodes.

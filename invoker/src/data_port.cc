@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "conn_server.h"
 #include "frames.h"
 #include "hosted_shard.h"
 #include "silt/state_wire.h"
@@ -68,105 +69,27 @@ absl::Status Install(ShardTable& shards, const pv1::ShardInfo& info,
 absl::StatusOr<std::unique_ptr<DataPort>> DataPort::Listen(
     const std::string& data_listen, ShardTable& shards, const DataKey& key,
     TaskRunner run_task) {
-  auto hp = SplitHostPort(data_listen);
-  if (!hp.ok()) return hp.status();
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(hp->second);
-  if (inet_pton(AF_INET, hp->first.c_str(), &sa.sin_addr) != 1)
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad data address ", data_listen));
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError("socket failed");
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
-      listen(fd, 128) != 0) {
-    int err = errno;
-    close(fd);
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen for data on ", data_listen, ": ", strerror(err)));
-  }
-  socklen_t len = sizeof(sa);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  return std::unique_ptr<DataPort>(
-      new DataPort(shards, key, std::move(run_task), fd,
-                   absl::StrCat(hp->first, ":", ntohs(sa.sin_port))));
+  std::unique_ptr<DataPort> port(
+      new DataPort(shards, key, std::move(run_task)));
+  auto server = ConnServer::Listen(
+      data_listen, [p = port.get()](int fd) { p->ServePeer(fd); });
+  if (!server.ok()) return server.status();
+  port->server_ = *std::move(server);
+  return port;
 }
 
-DataPort::DataPort(ShardTable& shards, const DataKey& key, TaskRunner run_task,
-                   int listener, std::string address)
-    : shards_(shards),
-      key_(key),
-      run_task_(std::move(run_task)),
-      listener_(listener),
-      address_(std::move(address)) {}
+DataPort::DataPort(ShardTable& shards, const DataKey& key, TaskRunner run_task)
+    : shards_(shards), key_(key), run_task_(std::move(run_task)) {}
 
 DataPort::~DataPort() {
+  if (!server_) return;  // Listen failed
   Shutdown();
   Join();
 }
 
-void DataPort::StartAccepting() {
-  acceptor_ = std::thread([this] { AcceptLoop(); });
-}
-
-void DataPort::Shutdown() {
-  {
-    absl::MutexLock l(&mu_);
-    stopping_ = true;
-    for (auto& [id, fd] : conn_fds_) shutdown(fd, SHUT_RDWR);
-  }
-  if (listener_ >= 0) shutdown(listener_, SHUT_RDWR);
-  if (acceptor_.joinable()) acceptor_.join();
-}
-
-void DataPort::Join() {
-  std::map<uint64_t, std::thread> threads;
-  {
-    absl::MutexLock l(&mu_);
-    threads.swap(conn_threads_);
-  }
-  for (auto& [id, t] : threads) t.join();
-  if (listener_ >= 0) close(listener_);
-  listener_ = -1;
-}
-
-void DataPort::AcceptLoop() {
-  while (true) {
-    int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      return;  // shut down
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    Spawn(fd, [this](int fd) { ServePeer(fd); });
-  }
-}
-
-void DataPort::Spawn(int fd, std::function<void(int)> serve) {
-  absl::MutexLock l(&mu_);
-  for (uint64_t id : finished_) {
-    auto it = conn_threads_.find(id);
-    if (it != conn_threads_.end()) {
-      it->second.join();
-      conn_threads_.erase(it);
-    }
-  }
-  finished_.clear();
-  if (stopping_) {
-    close(fd);
-    return;
-  }
-  uint64_t id = next_conn_++;
-  conn_fds_[id] = fd;
-  conn_threads_[id] = std::thread([this, id, fd, serve = std::move(serve)] {
-    serve(fd);
-    absl::MutexLock l(&mu_);
-    conn_fds_.erase(id);
-    close(fd);
-    finished_.push_back(id);
-  });
-}
+void DataPort::StartAccepting() { server_->StartAccepting(); }
+void DataPort::Shutdown() { server_->Shutdown(); }
+void DataPort::Join() { server_->Join(); }
 
 void DataPort::ServePeer(int fd) {
   FrameReader reader(fd, wire::kMaxFrameBytes + 4096);

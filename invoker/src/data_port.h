@@ -3,23 +3,18 @@
 // migrate to this node arrive. Each peer connection is served, in order, on a
 // thread of its own.
 //
-// Thread safety: thread-safe. The port owns its listener, its acceptor thread
-// and the peer connections with their threads (guarded by its mutex); the
-// shards live in the ShardTable it was given.
+// Thread safety: thread-safe. The port's connections are its ConnServer's;
+// the shards live in the ShardTable it was given.
 #ifndef SILT_INVOKER_DATA_PORT_H_
 #define SILT_INVOKER_DATA_PORT_H_
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "conn_server.h"
 #include "peer_wire.h"
 #include "shard_table.h"
 #include "spare_arena.h"
@@ -41,7 +36,7 @@ class DataPort {
   DataPort& operator=(const DataPort&) = delete;
 
   // host:port of the port (with the port picked when 0 was asked for).
-  const std::string& address() const { return address_; }
+  const std::string& address() const { return server_->address(); }
 
   // Memory held ready for the next shard to arrive (SpareArena).
   uint64_t spare_bytes() const { return spare_.ready_bytes(); }
@@ -57,12 +52,8 @@ class DataPort {
   void Join();
 
  private:
-  DataPort(ShardTable& shards, const DataKey& key, TaskRunner run_task,
-           int listener, std::string address);
+  DataPort(ShardTable& shards, const DataKey& key, TaskRunner run_task);
 
-  void AcceptLoop();
-  // Runs `serve(fd)` on a thread of its own until it returns; then closes fd.
-  void Spawn(int fd, std::function<void(int)> serve);
   // A peer's connection: its requests are answered in order, and the answers
   // to requests that arrived together leave in one write.
   void ServePeer(int fd);
@@ -71,17 +62,7 @@ class DataPort {
   const DataKey& key_;
   const TaskRunner run_task_;
   SpareArena spare_;  // for the next shard to arrive
-  // Written only before the acceptor starts and after it is joined.
-  int listener_;
-  const std::string address_;
-  std::thread acceptor_;
-
-  absl::Mutex mu_;  // the peer connections
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_conn_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, int> conn_fds_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::thread> conn_threads_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ConnServer> server_;
 };
 
 }  // namespace silt::invoker

@@ -35,6 +35,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "call_port.h"
 #include "channel.h"
 #include "cluster_view.h"
 #include "executor.h"
@@ -42,6 +43,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gpu/devices.h"
 #include "hosted_shard.h"
+#include "invoker/call_wire.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "invoker/proto/proclets.grpc.pb.h"
 #include "load_pulse.h"
@@ -59,6 +61,7 @@ namespace silt::invoker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using call_wire::ColdStart;
 using v1::FunctionSpec;
 
 std::string RandomId(size_t n) {
@@ -134,7 +137,7 @@ struct Instance {
   Clock::time_point last_used;
   bool fresh = true;  // has not served a call yet
   double start_ms = 0;
-  std::string tier;  // how it started: boot, restore, fork
+  call_wire::StartTier tier = call_wire::StartTier::kBoot;  // how it started
   // A clone keeps its template (and so its PID namespace) alive.
   std::shared_ptr<Template> tmpl;
   bool tmp_mounted = false;  // base_dir/tmp is a tmpfs of ours
@@ -275,6 +278,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::unique_ptr<LogCollector> collector;
   // Memory proclets held here and the instances' state connections.
   std::unique_ptr<ProcletHost> proclet_host;
+  std::unique_ptr<CallPort> call_port;  // after proclet_host: its key
   std::unique_ptr<ProcletService> proclet_service;
   std::atomic<uint64_t> instance_seq{0};
   // Compute jobs of the instances here, and the cluster they run on.
@@ -362,6 +366,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       server->Shutdown(std::chrono::system_clock::now() +
                        std::chrono::seconds(2));
     if (connector.joinable()) connector.join();
+    // Calls in flight end first (they use everything below).
+    if (call_port) call_port->Stop();
     if (reaper.joinable()) reaper.join();
     if (tender.joinable()) tender.join();
     {
@@ -551,7 +557,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       bool snapshot_ready = false) {
     auto start = Clock::now();
     auto inst = NewInstance(spec);
-    inst->tier = "boot";
+    inst->tier = call_wire::StartTier::kBoot;
     int chan[2], out_w, err_w;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) != 0)
       return absl::InternalError("socketpair failed");
@@ -613,7 +619,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (auto s = ReadFrame(inst->channel, &ready, std::chrono::seconds(60));
         !s.ok()) {
       return absl::UnavailableError(absl::StrCat(
-          "instance ", inst->id, " did not start: ", DeathReason(*inst)));
+          "instance ", inst->id, " did not start: ", DeathReason(*inst).text));
     }
     if (!ready.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -626,27 +632,36 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   // Why an instance's channel broke: OOM kill, seccomp violation, crash.
-  std::string DeathReason(Instance& inst) {
+  // How an instance died (it is killed first if it has not).
+  struct Death {
+    call_wire::Failure kind = call_wire::Failure::kCrash;
+    std::string text;  // "killed: out of memory (memory limit reached)", ...
+  };
+  Death DeathReason(Instance& inst) {
+    using call_wire::Failure;
     int st = inst.proc->Kill();
     if (inst.proc->cgroup().OomKilled())
-      return "killed: out of memory (memory limit reached)";
+      return {Failure::kOom, "killed: out of memory (memory limit reached)"};
     if (WIFSIGNALED(st)) {
       int sig = WTERMSIG(st);
-      if (sig == SIGSYS) return "killed: forbidden system call (seccomp)";
+      if (sig == SIGSYS)
+        return {Failure::kSeccomp, "killed: forbidden system call (seccomp)"};
       // A clone's parent is inside its sandbox: the kernel's log says
       // whether seccomp killed it.
       if (sig == SIGKILL && seccomp_log && inst.proc->pid() > 0)
         if (auto nr = seccomp_log->KilledBy(inst.proc->pid(),
                                             absl::Milliseconds(200)))
-          return absl::StrCat("killed: forbidden system call ", *nr,
-                              " (seccomp)");
-      if (sig == SIGKILL) return "killed (SIGKILL)";
-      return absl::StrCat("crashed with signal ", sig, " (", strsignal(sig),
-                          ")");
+          return {Failure::kSeccomp,
+                  absl::StrCat("killed: forbidden system call ", *nr,
+                               " (seccomp)")};
+      if (sig == SIGKILL) return {Failure::kCrash, "killed (SIGKILL)"};
+      return {Failure::kCrash, absl::StrCat("crashed with signal ", sig, " (",
+                                            strsignal(sig), ")")};
     }
     if (WIFEXITED(st))
-      return absl::StrCat("exited with status ", WEXITSTATUS(st));
-    return "ended";
+      return {Failure::kCrash,
+              absl::StrCat("exited with status ", WEXITSTATUS(st))};
+    return {Failure::kCrash, "ended"};
   }
 
   // ---- snapshots ----
@@ -1072,7 +1087,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     auto plan = PlanFor(pool.snapshot_id);
     if (!plan.ok()) return plan.status();
     auto inst = NewInstance(pool.spec);
-    inst->tier = "restore";
+    inst->tier = call_wire::StartTier::kRestore;
     int chan[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) != 0)
       return absl::InternalError("socketpair failed");
@@ -1214,7 +1229,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (!resumed.ok()) {
       NoFastRestore(id);
       return absl::InternalError(
-          absl::StrCat(resumed.message(), ": ", DeathReason(*inst)));
+          absl::StrCat(resumed.message(), ": ", DeathReason(*inst).text));
     }
     inst->start_ms =
         std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -1227,7 +1242,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     auto start = Clock::now();
     std::string dir = ImageDir(pool.snapshot_id);
     auto inst = NewInstance(pool.spec);
-    inst->tier = "restore";
+    inst->tier = call_wire::StartTier::kRestore;
     if (auto s = PrepareRootSkeleton(inst->base_dir + "/root"); !s.ok())
       return s;
     if (bind_dev_tmp) {
@@ -1250,7 +1265,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       return binds.status();
     }
     for (auto& m : o.mounts) m.host_dir = (*binds)->PathOf(m.key);
-    if (by_criu) inst->tier = "criu";
+    if (by_criu) inst->tier = call_wire::StartTier::kCriu;
     auto pid = snapshot::Restore(o);
     if (!pid.ok()) {
       close(*listener);
@@ -1307,7 +1322,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     auto start = Clock::now();
     auto inst = std::make_unique<Instance>();
     inst->id = absl::StrCat(pool.spec.name(), "-", RandomId(8));
-    inst->tier = "fork";
+    inst->tier = call_wire::StartTier::kFork;
     int chan[2], out_w, err_w;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) != 0)
       return absl::InternalError("socketpair failed");
@@ -1401,14 +1416,14 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // template, else restore from the image (fetched from a peer if need be),
   // else boot (and take the snapshot). `force` picks one tier.
   absl::StatusOr<std::unique_ptr<Instance>> StartFresh(
-      std::shared_ptr<Pool> pool, const std::string& force = "") {
-    if (force == "boot" || !pool->snapshot_wanted) {
-      if (!force.empty() && force != "boot")
+      std::shared_ptr<Pool> pool, ColdStart force = ColdStart::kAny) {
+    if (force == ColdStart::kBoot || !pool->snapshot_wanted) {
+      if (force != ColdStart::kAny && force != ColdStart::kBoot)
         return absl::FailedPreconditionError(absl::StrCat(
             "function ", pool->spec.name(), " does not use snapshots"));
       return StartInstance(pool->spec, *pool->bundle);
     }
-    if (force == "criu") {
+    if (force == ColdStart::kCriu) {
       if (auto image = EnsureImage(*pool); !image.ok()) return image.status();
       return RestoreInstance(*pool, /*by_criu=*/true);
     }
@@ -1417,7 +1432,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       std::lock_guard<std::mutex> l(mu);
       t = pool->tmpl;
     }
-    if (t == nullptr && force == "fork") {
+    if (t == nullptr && force == ColdStart::kFork) {
       if (!pool->forkable || options.template_memory_bytes == 0)
         return absl::FailedPreconditionError(absl::StrCat(
             "function ", pool->spec.name(), " has no fork tier here"));
@@ -1427,9 +1442,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       if (t == nullptr)
         return absl::UnavailableError("the template was dropped; try again");
     }
-    if (t != nullptr && (force.empty() || force == "fork")) {
+    if (t != nullptr &&
+        (force == ColdStart::kAny || force == ColdStart::kFork)) {
       auto inst = ForkInstance(*pool, t);
-      if (inst.ok() || force == "fork") return inst;
+      if (inst.ok() || force == ColdStart::kFork) return inst;
       logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), "invoker",
                   absl::StrCat("silt: fork failed (", inst.status().message(),
                                "); dropping the template"));
@@ -1444,13 +1460,13 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         if (pool->forkable) pool->template_retry_after = Clock::time_point();
         return inst;
       }
-      if (force == "restore") return inst.status();
+      if (force == ColdStart::kRestore) return inst.status();
       // Never the same broken image twice: boot, and snapshot again.
       logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), "invoker",
                   absl::StrCat("silt: restore failed (",
                                inst.status().message(), "); booting"));
       DropImage(pool->snapshot_id, std::string(inst.status().message()));
-    } else if (force == "restore") {
+    } else if (force == ColdStart::kRestore) {
       return image.status();
     }
     return BootAndCheckpoint(pool);
@@ -1641,7 +1657,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // proclets, so that the jobs of callers holding every instance still run).
   absl::StatusOr<std::unique_ptr<Instance>> Acquire(
       std::shared_ptr<Pool> pool_ptr, Clock::time_point deadline,
-      std::string* tier, int headroom = 0) {
+      call_wire::StartTier* tier, int headroom = 0) {
     Pool& pool = *pool_ptr;
     std::unique_lock<std::mutex> l(mu);
     while (true) {
@@ -1649,7 +1665,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         auto inst = std::move(pool.idle.back());
         pool.idle.pop_back();
         ++pool.busy;
-        *tier = "warm";
+        *tier = call_wire::StartTier::kWarm;
         return inst;
       }
       int total =
@@ -1724,7 +1740,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // (DeadlineExceeded) or how the instance died.
   absl::Status CallInstance(Pool& pool, Instance& inst, v1::WorkerCall& call,
                             Clock::time_point deadline, const char* role,
-                            v1::WorkerReply* reply, std::string* why) {
+                            v1::WorkerReply* reply, Death* why) {
     // A cold start may have used up the call's time: the call still goes
     // out, with 1 ms, and the read waits 100 ms more at most (ReadFrame
     // waits forever on a negative timeout: the call would run to its end).
@@ -1748,101 +1764,107 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       }
       return s;
     }
-    *why = absl::IsDeadlineExceeded(s) ? "timed out" : DeathReason(inst);
+    *why = absl::IsDeadlineExceeded(s) ? Death{.text = "timed out"}
+                                       : DeathReason(inst);
     Release(pool, nullptr);
     logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), inst.id,
-                absl::StrCat("silt: instance ", inst.id, " ", role, *why));
+                absl::StrCat("silt: instance ", inst.id, " ", role, why->text));
     return s;
   }
 
-  grpc::Status Invoke(grpc::ServerContext*, const v1::InvokeRequest* req,
-                      v1::InvokeResponse* res) override {
+  // A call from the gateway (CallPort): runs it in an instance of the
+  // function, taking an idle one or starting one.
+  void Call(call_wire::Request& req, call_wire::Reply* res) {
+    using call_wire::Outcome;
+    auto fail = [res](const absl::Status& s) {
+      res->outcome = Outcome::kError;
+      res->error_code = static_cast<uint8_t>(s.code());
+      res->error = std::string(s.message());
+    };
     std::shared_ptr<Pool> pool;
     {
       std::lock_guard<std::mutex> l(mu);
-      auto it = pools.find(Key(req->namespace_(), req->name()));
-      if (it != pools.end() &&
-          it->second->spec.generation() == req->generation())
+      auto it = pools.find(Key(req.ns, req.name));
+      if (it != pools.end() && it->second->spec.generation() == req.generation)
         pool = it->second;
     }
     if (!pool) {
-      if (!req->has_spec() || req->spec().generation() != req->generation())
-        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                            "spec needed");
-      auto bundle = EnsureBundle(req->spec().bundle_digest());
-      if (!bundle.ok()) return ToGrpc(bundle.status());
-      pool = PoolFor(req->spec(), *bundle);
+      FunctionSpec spec;
+      if (req.spec.empty() || !spec.ParseFromString(req.spec) ||
+          spec.generation() != req.generation) {
+        res->outcome = Outcome::kNeedSpec;
+        return;
+      }
+      auto bundle = EnsureBundle(spec.bundle_digest());
+      if (!bundle.ok()) return fail(bundle.status());
+      pool = PoolFor(spec, *bundle);
     }
-    auto timeout = Timeout(pool->spec, req->timeout_ms());
+    auto timeout = Timeout(pool->spec, req.timeout_ms);
     auto deadline = Clock::now() + timeout;
-    std::string tier;
-    const std::string& force = req->cold_start();
+    call_wire::StartTier tier;
+    const ColdStart force = req.cold_start;
     absl::StatusOr<std::unique_ptr<Instance>> inst;
-    if (!force.empty()) {
-      if (force != "boot" && force != "restore" && force != "fork" &&
-          force != "criu")
-        return grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            "X-Silt-Cold-Start must be boot, restore, fork or criu");
+    if (force != ColdStart::kAny) {
       inst = StartFresh(pool, force);
-      if (!inst.ok()) return ToGrpc(inst.status());
+      if (!inst.ok()) return fail(inst.status());
       tier = (*inst)->tier;
       std::lock_guard<std::mutex> l(mu);
       ++pool->busy;
     } else {
       inst = Acquire(pool, deadline, &tier);
-      if (!inst.ok()) return ToGrpc(inst.status());
+      if (!inst.ok()) return fail(inst.status());
     }
 
     v1::WorkerCall call;
-    call.set_call_id(req->call_id());
-    call.set_method(req->method());
-    call.set_path(req->path());
-    call.set_query(req->query());
-    *call.mutable_headers() = req->headers();
-    call.set_body(req->body());
+    call.set_call_id(std::move(req.call_id));
+    call.set_method(std::move(req.method));
+    call.set_path(std::move(req.path));
+    call.set_query(std::move(req.query));
+    for (auto& [k, v] : req.headers) {
+      auto* h = call.add_headers();
+      h->set_name(std::move(k));
+      h->set_value(std::move(v));
+    }
+    call.set_body(std::move(req.body));
     v1::WorkerReply reply;
-    std::string why;
+    Death why;
     absl::Status s =
         CallInstance(*pool, **inst, call, deadline, "", &reply, &why);
+    res->tier = tier;
+    res->instance = (*inst)->id;
     if (!s.ok()) {
-      std::string id = (*inst)->id;
-      if (absl::IsDeadlineExceeded(s)) {
-        return grpc::Status(
-            grpc::StatusCode::DEADLINE_EXCEEDED,
-            absl::StrCat("function ", req->name(), " timed out after ",
-                         timeout.count(), " ms"));
-      }
-      res->set_failure(absl::StrContains(why, "out of memory") ? "oom"
-                       : absl::StrContains(why, "seccomp")     ? "seccomp"
-                                                               : "crash");
-      res->set_status(502);
-      res->set_body(absl::StrCat("function ", req->name(), " instance ", id,
-                                 " ", why, "\n"));
-      auto* h = res->add_headers();
-      h->set_name("Content-Type");
-      h->set_value("text/plain; charset=utf-8");
-      res->set_start_tier(tier);
-      res->set_instance(id);
-      return grpc::Status::OK;
+      if (absl::IsDeadlineExceeded(s))
+        return fail(absl::DeadlineExceededError(
+            absl::StrCat("function ", req.name, " timed out after ",
+                         timeout.count(), " ms")));
+      res->failure = why.kind;
+      res->status = 502;
+      res->body = absl::StrCat("function ", req.name, " instance ", (*inst)->id,
+                               " ", why.text, "\n");
+      res->headers.emplace_back("Content-Type", "text/plain; charset=utf-8");
+      return;
     }
-    res->set_status(reply.status());
-    *res->mutable_headers() = std::move(*reply.mutable_headers());
-    res->set_body(std::move(*reply.mutable_body()));
-    res->set_start_tier(tier);
-    res->set_start_ms(tier == "warm" ? 0 : (*inst)->start_ms);
-    res->set_instance((*inst)->id);
+    res->status = static_cast<uint16_t>(reply.status());
+    res->headers.reserve(reply.headers_size());
+    for (auto& h : *reply.mutable_headers())
+      res->headers.emplace_back(std::move(*h.mutable_name()),
+                                std::move(*h.mutable_value()));
+    res->body = std::move(*reply.mutable_body());
+    if (tier != call_wire::StartTier::kWarm)
+      res->start_us = static_cast<uint32_t>((*inst)->start_ms * 1000);
     (*inst)->fresh = false;
-    if (!force.empty()) {
+    v1::InstanceCount count;
+    if (force != ColdStart::kAny) {
       // A forced start serves one call; the reaper tears the instance down
       // after the answer is out.
-      Release(*pool, nullptr, res->mutable_count());
+      Release(*pool, nullptr, &count);
       std::lock_guard<std::mutex> l(mu);
       graveyard.push_back(*std::move(inst));
     } else {
-      Release(*pool, *std::move(inst), res->mutable_count());
+      Release(*pool, *std::move(inst), &count);
     }
-    return grpc::Status::OK;
+    res->ready = count.ready();
+    res->busy = count.busy();
   }
 
   // A compute proclet's share of a job (executor.h), in an instance of the
@@ -1863,7 +1885,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
                                 t.generation, ") is not on node ", node_name));
     auto timeout = std::chrono::milliseconds(t.timeout_ms);
     auto deadline = Clock::now() + timeout;
-    std::string tier;
+    call_wire::StartTier tier;
     int headroom = static_cast<int>(std::max(1u, Cores()));
     auto inst = Acquire(pool, deadline, &tier, headroom);
     if (!inst.ok())
@@ -1881,7 +1903,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       ++tasks_running;
     }
     v1::WorkerReply reply;
-    std::string why;
+    Death why;
     absl::Status s = CallInstance(*pool, **inst, call, deadline,
                                   "(a compute proclet) ", &reply, &why);
     {
@@ -1896,7 +1918,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
                      absl::StrCat("its share took longer than ",
                                   timeout.count(), " ms"));
       return Error(wire::StateCode::kInternal,
-                   absl::StrCat("instance ", id, " ", why));
+                   absl::StrCat("instance ", id, " ", why.text));
     }
     (*inst)->fresh = false;
     Release(*pool, *std::move(inst));
@@ -2210,6 +2232,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       reg->set_node_name(node_name);
       reg->set_address(address);
       reg->set_data_address(proclet_host->data_address());
+      reg->set_call_address(call_port->address());
       reg->mutable_capacity()->set_cores(Cores());
       reg->mutable_capacity()->set_gpus(gpus);
       reg->mutable_capacity()->set_memory_bytes(MemoryCapacity());
@@ -2412,6 +2435,17 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     impl->proclet_host = *std::move(host);
     impl->proclet_service =
         std::make_unique<ProcletService>(impl->proclet_host.get());
+  }
+  {
+    Impl* p = impl.get();
+    auto port = CallPort::Listen(
+        options.listen.substr(0, options.listen.rfind(':')) + ":0",
+        impl->proclet_host->data_key(),
+        [p](call_wire::Request& req, call_wire::Reply* reply) {
+          p->Call(req, reply);
+        });
+    if (!port.ok()) return port.status();
+    impl->call_port = *std::move(port);
   }
 
   grpc::ServerBuilder builder;

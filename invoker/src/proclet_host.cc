@@ -115,6 +115,8 @@ std::string ProcletHost::data_address() const { return impl_->port->address(); }
 
 void ProcletHost::SetDataKey(const std::string& key) { impl_->key.Set(key); }
 
+const DataKey& ProcletHost::data_key() const { return impl_->key; }
+
 void ProcletHost::Attach(int fd, const std::string& ns,
                          const std::string& function) {
   impl_->loop->Attach(fd, ns, function);

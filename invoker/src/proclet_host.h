@@ -66,6 +66,8 @@ class ProcletHost {
   // The cluster's data-port key (from the gateway): every data connection,
   // in and out, starts with it; until it is set, none is made or taken.
   void SetDataKey(const std::string& key);
+  // The key itself (for the invoker's other port, the call port).
+  const DataKey& data_key() const;
 
   // Serves one instance's state connection (takes the fd) for a function of
   // namespace `ns`, until the instance closes it.

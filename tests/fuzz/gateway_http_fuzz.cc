@@ -11,6 +11,7 @@
 // request's, 2: none, 1 and 3: the request's own); 2 the metrics port.
 #include <stdlib.h>
 
+#include <boost/asio/io_context.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
@@ -47,6 +48,8 @@ constexpr size_t kMaxStreamBytes = 1 << 20;
 // One gateway for the whole run (what a long-lived one sees is a sequence).
 struct Target {
   std::string dir;
+  // No node ever registers here: nothing runs on it.
+  boost::asio::io_context ioc;
   std::unique_ptr<store::Store> store;
   Metrics metrics;
   std::unique_ptr<BundleStore> bundles;
@@ -76,7 +79,7 @@ Target* Start() {
       std::make_unique<BundleStore>(t->store.get(), t->dir + "/bundles");
   NodeRegistryOptions node_options{.listen = "127.0.0.1:0"};
   node_options.rebalancer.enabled = false;
-  auto nodes = NodeRegistry::Start(node_options, t->store.get(),
+  auto nodes = NodeRegistry::Start(node_options, t->ioc, t->store.get(),
                                    t->bundles.get(), &t->metrics);
   if (!nodes.ok()) Fail("node registry", nodes.status());
   t->nodes = *std::move(nodes);

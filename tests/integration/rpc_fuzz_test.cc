@@ -165,20 +165,6 @@ std::string Bytes(const google::protobuf::Message& m) {
 TEST_F(RpcFuzzTest, InvokerAndGatewayHandlersSurviveArbitraryRequests) {
   ASSERT_TRUE(EchoAnswers());
 
-  pb::InvokeRequest inv;
-  inv.set_name("echo");
-  inv.set_namespace_("openfaas-fn");
-  inv.set_generation(1);
-  inv.set_call_id("fuzz");
-  inv.set_method("POST");
-  inv.set_path("/");
-  inv.set_body("x");
-  inv.set_timeout_ms(2000);
-  pb::InvokeRequest with_spec = inv;
-  with_spec.mutable_spec()->set_name("echo");
-  with_spec.mutable_spec()->set_namespace_("openfaas-fn");
-  with_spec.mutable_spec()->set_image(image_);
-  with_spec.mutable_spec()->set_memory_limit_bytes(64 << 20);
   pb::LogsRequest logs;
   logs.set_name("echo");
   logs.set_namespace_("openfaas-fn");
@@ -200,7 +186,6 @@ TEST_F(RpcFuzzTest, InvokerAndGatewayHandlersSurviveArbitraryRequests) {
   merge.set_keep(77);
   merge.set_absorb(78);
   std::vector<Method> invoker_methods = {
-      {"/silt.invoker.v1.Invoker/Invoke", {Bytes(inv), Bytes(with_spec)}},
       {"/silt.invoker.v1.Invoker/Logs", {Bytes(logs)}},
       {"/silt.invoker.v1.Invoker/FetchSnapshot", {Bytes(snap)}},
       {"/silt.proclets.v1.ProcletHost/CreateShard", {Bytes(create)}},

@@ -1,0 +1,275 @@
+#include "call_client.h"
+
+#include <array>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace silt::gateway {
+namespace {
+
+namespace asio = boost::asio;
+namespace cw = invoker::call_wire;
+using tcp = asio::ip::tcp;
+using ErrorCode = boost::system::error_code;
+
+// Connections kept open per node beyond the calls in flight.
+constexpr size_t kMaxIdle = 128;
+
+std::optional<tcp::endpoint> ParseEndpoint(const std::string& address) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return std::nullopt;
+  uint32_t port;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port == 0 ||
+      port > 65535)
+    return std::nullopt;
+  ErrorCode ec;
+  auto ip = asio::ip::make_address(address.substr(0, colon), ec);
+  if (ec) return std::nullopt;
+  return tcp::endpoint(ip, static_cast<uint16_t>(port));
+}
+
+}  // namespace
+
+struct CallClient::Pool {
+  Pool(asio::io_context& ioc, std::string address, std::string key)
+      : ioc(ioc),
+        address(std::move(address)),
+        endpoint(ParseEndpoint(this->address)) {
+    cw::AppendHello(&hello, key);
+  }
+  asio::io_context& ioc;
+  const std::string address;
+  const std::optional<tcp::endpoint> endpoint;
+  std::string hello;
+
+  std::mutex mu;
+  bool closed = false;   // no new calls, no idle connections; guarded by mu
+  bool aborted = false;  // the calls in flight fail too; guarded by mu
+  std::vector<std::shared_ptr<Conn>> idle;  // guarded by mu
+  std::set<Conn*> busy;                     // guarded by mu
+
+  bool Aborted() {
+    std::lock_guard<std::mutex> l(mu);
+    return aborted;
+  }
+};
+
+// One connection. While a call is on it, only its strand touches it.
+struct CallClient::Conn : std::enable_shared_from_this<Conn> {
+  explicit Conn(std::shared_ptr<Pool> p)
+      : pool(std::move(p)),
+        strand(asio::make_strand(pool->ioc)),
+        sock(strand),
+        timer(strand) {}
+  ~Conn() {
+    std::lock_guard<std::mutex> l(pool->mu);
+    pool->busy.erase(this);
+  }
+
+  const std::shared_ptr<Pool> pool;
+  asio::strand<asio::io_context::executor_type> strand;
+  tcp::socket sock;
+  asio::steady_timer timer;
+
+  // The call on it.
+  std::string out;  // its request frame
+  std::string in;   // its reply, as it arrives
+  size_t have = 0;
+  Done done;
+  std::chrono::steady_clock::time_point deadline;
+  bool reused = false;  // kept from an earlier call
+  bool timed_out = false;
+  uint64_t seq = 0;  // which call (a timer that fired late is for an old one)
+
+  void Start() {
+    timed_out = false;
+    have = 0;
+    timer.expires_at(deadline);
+    timer.async_wait([self = shared_from_this(), seq = ++seq](ErrorCode ec) {
+      // Cancelled (the reply came), or late for a call that is over.
+      if (ec || seq != self->seq || !self->done) return;
+      self->timed_out = true;
+      self->sock.close(ec);  // the pending operation ends with an error
+    });
+    if (sock.is_open()) return Write(false);
+    if (!pool->endpoint)
+      return Fail(absl::UnavailableError(absl::StrCat(
+          "node call address ", pool->address, " is not ip:port")));
+    sock.async_connect(*pool->endpoint,
+                       [self = shared_from_this()](ErrorCode ec) {
+                         if (ec) return self->Broken(ec, /*connecting=*/true);
+                         self->sock.set_option(tcp::no_delay(true), ec);
+                         self->Write(true);
+                       });
+  }
+
+  void Write(bool with_hello) {
+    std::array<asio::const_buffer, 2> bufs = {
+        asio::buffer(with_hello ? pool->hello : std::string_view()),
+        asio::buffer(out)};
+    asio::async_write(sock, bufs,
+                      [self = shared_from_this()](ErrorCode ec, size_t) {
+                        if (ec) return self->Broken(ec, false);
+                        self->Read();
+                      });
+  }
+
+  void Read() {
+    if (in.size() < 4096) in.resize(4096);
+    sock.async_read_some(asio::buffer(in.data() + have, in.size() - have),
+                         [self = shared_from_this()](ErrorCode ec, size_t n) {
+                           if (ec) return self->Broken(ec, false);
+                           self->Received(n);
+                         });
+  }
+
+  void Received(size_t n) {
+    have += n;
+    if (have < 4) return Read();
+    uint32_t len;
+    memcpy(&len, in.data(), 4);
+    if (len > cw::kMaxFrameBytes) {
+      sock.close();
+      return Fail(absl::InternalError(absl::StrCat(
+          "node ", pool->address, " sent a reply over the limit")));
+    }
+    size_t need = 4 + static_cast<size_t>(len);
+    if (have < need) {
+      if (in.size() < need) in.resize(need);
+      return Read();
+    }
+    cw::Reply reply;
+    if (have != need ||
+        !cw::ParseReply(std::string_view(in.data() + 4, len), &reply)) {
+      sock.close();
+      return Fail(absl::InternalError(
+          absl::StrCat("node ", pool->address, " sent a malformed reply")));
+    }
+    if (in.size() > (1 << 20)) std::string().swap(in);
+    timer.cancel();
+    Done d = std::move(done);
+    out.clear();
+    if (out.capacity() > (1 << 20)) std::string().swap(out);
+    {
+      std::lock_guard<std::mutex> l(pool->mu);
+      pool->busy.erase(this);
+      if (!pool->closed && pool->idle.size() < kMaxIdle)
+        pool->idle.push_back(shared_from_this());
+    }
+    d(std::move(reply));
+  }
+
+  void Broken(ErrorCode ec, bool connecting) {
+    if (timed_out)
+      return Fail(absl::DeadlineExceededError(absl::StrCat(
+          "node ", pool->address, " did not answer within the call's time")));
+    if (pool->Aborted())
+      return Fail(absl::UnavailableError("the gateway is shutting down"));
+    ErrorCode ignored;
+    sock.close(ignored);
+    if (reused && have == 0 && !connecting) {
+      // Closed by the node while it sat idle here (say, the invoker
+      // restarted): the call goes once more, on a new connection.
+      reused = false;
+      timer.cancel();
+      return Start();
+    }
+    Fail(absl::UnavailableError(
+        absl::StrCat(connecting ? "cannot reach node " : "lost node ",
+                     pool->address, ": ", ec.message())));
+  }
+
+  void Fail(absl::Status s) {
+    timer.cancel();
+    ErrorCode ignored;
+    sock.close(ignored);
+    {
+      std::lock_guard<std::mutex> l(pool->mu);
+      pool->busy.erase(this);
+    }
+    Done d = std::move(done);
+    if (d) d(std::move(s));
+  }
+};
+
+CallClient::CallClient(asio::io_context& ioc, std::string address,
+                       std::string key)
+    : pool_(std::make_shared<Pool>(ioc, std::move(address), std::move(key))) {}
+
+CallClient::~CallClient() {
+  std::vector<std::shared_ptr<Conn>> idle;
+  {
+    std::lock_guard<std::mutex> l(pool_->mu);
+    pool_->closed = true;
+    idle.swap(pool_->idle);
+  }
+  for (auto& c : idle) {
+    ErrorCode ignored;
+    c->sock.close(ignored);  // no operation is pending on an idle one
+  }
+}
+
+const std::string& CallClient::address() const { return pool_->address; }
+
+void CallClient::Call(std::string request_frame,
+                      std::chrono::steady_clock::time_point deadline,
+                      Done done) {
+  std::shared_ptr<Conn> c;
+  {
+    std::lock_guard<std::mutex> l(pool_->mu);
+    if (!pool_->closed) {
+      if (!pool_->idle.empty()) {
+        c = std::move(pool_->idle.back());
+        pool_->idle.pop_back();
+        c->reused = true;
+      } else {
+        c = std::make_shared<Conn>(pool_);
+      }
+      pool_->busy.insert(c.get());
+    }
+  }
+  if (!c) return done(absl::UnavailableError("the gateway is shutting down"));
+  c->out = std::move(request_frame);
+  c->done = std::move(done);
+  c->deadline = deadline;
+  // Inline when this thread runs the io_context (and the strand is free).
+  asio::dispatch(c->strand, [c] { c->Start(); });
+}
+
+void CallClient::Close() {
+  std::vector<std::shared_ptr<Conn>> idle, busy;
+  {
+    std::lock_guard<std::mutex> l(pool_->mu);
+    pool_->closed = true;
+    pool_->aborted = true;
+    idle.swap(pool_->idle);
+    for (Conn* c : pool_->busy)
+      if (auto p = c->weak_from_this().lock()) busy.push_back(std::move(p));
+  }
+  for (auto& c : idle) {
+    ErrorCode ignored;
+    c->sock.close(ignored);  // no operation is pending on an idle one
+  }
+  for (auto& c : busy)
+    asio::post(c->strand, [c] {
+      ErrorCode ignored;
+      c->sock.close(ignored);
+    });
+}
+
+}  // namespace silt::gateway

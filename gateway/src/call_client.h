@@ -1,0 +1,62 @@
+// Function calls to one invoker's call port (invoker/call_wire.h), over a pool
+// of connections on the gateway's io_context, one call per connection at a
+// time. A call is written from the thread that asks for it when that thread
+// runs the io_context (the HTTP request's), and its reply is read and handed
+// over on the io_context thread that sees it arrive: no thread in between.
+//
+// Thread safety: thread-safe. Asio stays in call_client.cc.
+#ifndef SILT_GATEWAY_CALL_CLIENT_H_
+#define SILT_GATEWAY_CALL_CLIENT_H_
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "invoker/call_wire.h"
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
+
+namespace silt::gateway {
+
+class CallClient {
+ public:
+  using Done = std::function<void(absl::StatusOr<invoker::call_wire::Reply>)>;
+
+  // Calls to `address` (host:port), each connection opening with `key`.
+  // `ioc` must outlive the client.
+  CallClient(boost::asio::io_context& ioc, std::string address,
+             std::string key);
+  // Closes the idle connections; calls in flight go on to their end.
+  ~CallClient();
+  CallClient(const CallClient&) = delete;
+  CallClient& operator=(const CallClient&) = delete;
+
+  const std::string& address() const;
+
+  // Sends one call (a whole kRequest frame). `done` runs exactly once, on an
+  // io_context thread or, when the client is closed, right here: the reply;
+  // Unavailable when the node could not be reached or the connection broke
+  // before the reply (a connection kept from an earlier call that turns out
+  // closed is replaced once, silently); DeadlineExceeded when no reply came
+  // by `deadline` (the connection is closed).
+  void Call(std::string request_frame,
+            std::chrono::steady_clock::time_point deadline, Done done);
+
+  // Closes the idle connections and fails the calls in flight with
+  // Unavailable (their `done` runs on an io_context thread if it still runs).
+  // Later calls fail at once. Idempotent.
+  void Close();
+
+ private:
+  struct Pool;
+  struct Conn;
+  std::shared_ptr<Pool> pool_;
+};
+
+}  // namespace silt::gateway
+
+#endif  // SILT_GATEWAY_CALL_CLIENT_H_

@@ -1,0 +1,99 @@
+// The call path from the gateway to an invoker: the invoker's call port.
+//
+// Function calls do not go through gRPC (which stays for control: register,
+// load reports, deploy, logs). The gateway keeps a pool of TCP connections per
+// node, each carrying one call at a time: a request frame out, a reply frame
+// back. One call per connection means no multiplexing layer and no thread
+// handoff on either side: the gateway writes from the thread that parsed the
+// HTTP request and completes the HTTP answer on the thread that reads the
+// reply; the invoker's connection thread runs the call in an instance itself.
+//
+// Every frame is a u32 little-endian length and that many bytes; the first
+// byte of a frame is its Op. A connection opens with kHello (the cluster's
+// data key, which the gateway hands to its invokers); an invoker closes a
+// connection whose key does not match, or any malformed frame.
+#ifndef SILT_INVOKER_CALL_WIRE_H_
+#define SILT_INVOKER_CALL_WIRE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace silt::invoker::call_wire {
+
+enum class Op : uint8_t {
+  kHello = 1,    // str key
+  kRequest = 2,  // a Request
+  kReply = 3,    // a Reply
+};
+
+// How the call must start its instance (X-Silt-Cold-Start; benchmarks and
+// tests): kAny takes an idle one or starts one the usual way; the others
+// start a new instance that way and discard it after the call.
+enum class ColdStart : uint8_t { kAny = 0, kBoot, kRestore, kFork, kCriu };
+// "boot", "restore", "fork", "criu"; nullopt for anything else.
+std::optional<ColdStart> ParseColdStart(std::string_view s);
+
+// How the instance that served a call had started.
+enum class StartTier : uint8_t { kWarm = 0, kBoot, kRestore, kFork, kCriu };
+const char* StartTierName(StartTier t);  // "warm", "boot", ...
+
+// Why an instance died serving a call (the reply is then a 502).
+enum class Failure : uint8_t { kNone = 0, kOom, kSeccomp, kCrash };
+const char* FailureName(Failure f);  // "", "oom", "seccomp", "crash"
+
+// Whether the invoker ran the call. kAnswered: the function's answer (or a
+// 502 for an instance that died) is in the reply. kNeedSpec: the node does
+// not know this function version; send it again with `spec`. kError: it did
+// not run; `error_code` (an absl::StatusCode) and `error` say why.
+enum class Outcome : uint8_t { kAnswered = 0, kNeedSpec = 1, kError = 2 };
+
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+struct Request {
+  std::string ns, name;
+  uint64_t generation = 0;
+  std::string call_id, method, path, query;
+  Headers headers;
+  std::string body;
+  uint32_t timeout_ms = 0;  // 0: the function's own (exec_timeout) or 60 s
+  ColdStart cold_start = ColdStart::kAny;
+  std::string spec;  // a serialized FunctionSpec, after kNeedSpec; or empty
+};
+
+struct Reply {
+  Outcome outcome = Outcome::kAnswered;
+  uint8_t error_code = 0;
+  std::string error;
+  uint16_t status = 0;
+  Headers headers;
+  std::string body;
+  StartTier tier = StartTier::kWarm;
+  uint32_t start_us = 0;  // the start's own cost (0 when warm)
+  std::string instance;
+  Failure failure = Failure::kNone;
+  // The function's instances on the node once the call is done, so that the
+  // gateway's availableReplicas is right the moment the caller has its answer.
+  uint32_t ready = 0, busy = 0;
+};
+
+// Largest frame either side accepts (a body of 64 MiB and its headers).
+inline constexpr uint32_t kMaxFrameBytes = (64u << 20) + (1u << 20);
+
+// Append one whole frame (length prefix included) to *out.
+void AppendHello(std::string* out, std::string_view key);
+void AppendRequest(std::string* out, const Request& r);
+void AppendReply(std::string* out, const Reply& r);
+
+// Parse a frame's payload (after the length prefix). False when it is not a
+// well-formed frame of that kind.
+bool ParseHello(std::string_view payload, std::string_view* key);
+bool ParseRequest(std::string_view payload, Request* r);
+bool ParseReply(std::string_view payload, Reply* r);
+
+}  // namespace silt::invoker::call_wire
+
+#endif  // SILT_INVOKER_CALL_WIRE_H_

@@ -1,0 +1,177 @@
+#include "invoker/call_wire.h"
+
+#include <cstring>
+
+#include "silt/state_wire.h"
+
+namespace silt::invoker::call_wire {
+namespace {
+
+// Reserves the length prefix; Finish fills it in.
+size_t Begin(std::string* out, Op op) {
+  size_t at = out->size();
+  out->append(4, '\0');
+  out->push_back(static_cast<char>(op));
+  return at;
+}
+
+void Finish(std::string* out, size_t at) {
+  uint32_t n = static_cast<uint32_t>(out->size() - at - 4);
+  memcpy(out->data() + at, &n, 4);
+}
+
+void WriteHeaders(wire::Writer& w, const Headers& h) {
+  w.U32(static_cast<uint32_t>(h.size()));
+  for (const auto& [k, v] : h) {
+    w.Str(k);
+    w.Str(v);
+  }
+}
+
+bool ReadStr(wire::Reader& r, std::string* s) {
+  std::string_view v;
+  if (!r.Str(&v)) return false;
+  s->assign(v.data(), v.size());
+  return true;
+}
+
+bool ReadHeaders(wire::Reader& r, Headers* h) {
+  uint32_t n;
+  // Each header takes at least 8 bytes: a count past that is malformed.
+  if (!r.U32(&n) || n > r.rest().size() / 8) return false;
+  h->resize(n);
+  for (auto& [k, v] : *h)
+    if (!ReadStr(r, &k) || !ReadStr(r, &v)) return false;
+  return true;
+}
+
+bool Expect(wire::Reader& r, Op op) {
+  uint8_t b;
+  return r.U8(&b) && b == static_cast<uint8_t>(op);
+}
+
+}  // namespace
+
+std::optional<ColdStart> ParseColdStart(std::string_view s) {
+  if (s == "boot") return ColdStart::kBoot;
+  if (s == "restore") return ColdStart::kRestore;
+  if (s == "fork") return ColdStart::kFork;
+  if (s == "criu") return ColdStart::kCriu;
+  return std::nullopt;
+}
+
+const char* StartTierName(StartTier t) {
+  switch (t) {
+    case StartTier::kWarm:
+      return "warm";
+    case StartTier::kBoot:
+      return "boot";
+    case StartTier::kRestore:
+      return "restore";
+    case StartTier::kFork:
+      return "fork";
+    case StartTier::kCriu:
+      return "criu";
+  }
+  return "unknown";
+}
+
+const char* FailureName(Failure f) {
+  switch (f) {
+    case Failure::kNone:
+      return "";
+    case Failure::kOom:
+      return "oom";
+    case Failure::kSeccomp:
+      return "seccomp";
+    case Failure::kCrash:
+      return "crash";
+  }
+  return "crash";
+}
+
+void AppendHello(std::string* out, std::string_view key) {
+  size_t at = Begin(out, Op::kHello);
+  wire::Writer(out).Str(key);
+  Finish(out, at);
+}
+
+void AppendRequest(std::string* out, const Request& r) {
+  size_t at = Begin(out, Op::kRequest);
+  out->reserve(out->size() + 128 + r.body.size() + r.spec.size());
+  wire::Writer w(out);
+  w.Str(r.ns);
+  w.Str(r.name);
+  w.U64(r.generation);
+  w.Str(r.call_id);
+  w.Str(r.method);
+  w.Str(r.path);
+  w.Str(r.query);
+  WriteHeaders(w, r.headers);
+  w.Str(r.body);
+  w.U32(r.timeout_ms);
+  w.U8(static_cast<uint8_t>(r.cold_start));
+  w.Str(r.spec);
+  Finish(out, at);
+}
+
+void AppendReply(std::string* out, const Reply& r) {
+  size_t at = Begin(out, Op::kReply);
+  out->reserve(out->size() + 128 + r.body.size());
+  wire::Writer w(out);
+  w.U8(static_cast<uint8_t>(r.outcome));
+  w.U8(r.error_code);
+  w.Str(r.error);
+  w.U16(r.status);
+  WriteHeaders(w, r.headers);
+  w.Str(r.body);
+  w.U8(static_cast<uint8_t>(r.tier));
+  w.U32(r.start_us);
+  w.Str(r.instance);
+  w.U8(static_cast<uint8_t>(r.failure));
+  w.U32(r.ready);
+  w.U32(r.busy);
+  Finish(out, at);
+}
+
+bool ParseHello(std::string_view payload, std::string_view* key) {
+  wire::Reader r(payload);
+  return Expect(r, Op::kHello) && r.Str(key) && r.done();
+}
+
+bool ParseRequest(std::string_view payload, Request* out) {
+  wire::Reader r(payload);
+  uint8_t cold;
+  if (!Expect(r, Op::kRequest) || !ReadStr(r, &out->ns) ||
+      !ReadStr(r, &out->name) || !r.U64(&out->generation) ||
+      !ReadStr(r, &out->call_id) || !ReadStr(r, &out->method) ||
+      !ReadStr(r, &out->path) || !ReadStr(r, &out->query) ||
+      !ReadHeaders(r, &out->headers) || !ReadStr(r, &out->body) ||
+      !r.U32(&out->timeout_ms) || !r.U8(&cold) || !ReadStr(r, &out->spec) ||
+      !r.done())
+    return false;
+  if (cold > static_cast<uint8_t>(ColdStart::kCriu)) return false;
+  out->cold_start = static_cast<ColdStart>(cold);
+  return true;
+}
+
+bool ParseReply(std::string_view payload, Reply* out) {
+  wire::Reader r(payload);
+  uint8_t outcome, tier, failure;
+  if (!Expect(r, Op::kReply) || !r.U8(&outcome) || !r.U8(&out->error_code) ||
+      !ReadStr(r, &out->error) || !r.U16(&out->status) ||
+      !ReadHeaders(r, &out->headers) || !ReadStr(r, &out->body) ||
+      !r.U8(&tier) || !r.U32(&out->start_us) || !ReadStr(r, &out->instance) ||
+      !r.U8(&failure) || !r.U32(&out->ready) || !r.U32(&out->busy) || !r.done())
+    return false;
+  if (outcome > static_cast<uint8_t>(Outcome::kError) ||
+      tier > static_cast<uint8_t>(StartTier::kCriu) ||
+      failure > static_cast<uint8_t>(Failure::kCrash))
+    return false;
+  out->outcome = static_cast<Outcome>(outcome);
+  out->tier = static_cast<StartTier>(tier);
+  out->failure = static_cast<Failure>(failure);
+  return true;
+}
+
+}  // namespace silt::invoker::call_wire
