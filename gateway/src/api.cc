@@ -868,8 +868,11 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
     res.SetHeader("X-Served-By", absl::StrCat("silt/", silt::kVersion));
   };
 
+  // A synchronous call learns that the function does not exist from the
+  // node registry's table (no store read per call); an async one is checked
+  // here, before it is queued.
   bool exists = !name.empty() && CheckNamespace(ns).ok() &&
-                store_->GetFunction(ns, name).ok();
+                (!async || store_->GetFunction(ns, name).ok());
   if (!exists) {
     HttpResponse res = FunctionNotFound(fn, name);
     decorate(res);

@@ -45,7 +45,7 @@ std::optional<tcp::endpoint> ParseEndpoint(const std::string& address) {
 
 }  // namespace
 
-struct CallClient::Pool {
+struct CallClient::Pool : std::enable_shared_from_this<Pool> {
   Pool(asio::io_context& ioc, std::string address, std::string key)
       : ioc(ioc),
         address(std::move(address)),
@@ -207,40 +207,51 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
   }
 };
 
-CallClient::CallClient(asio::io_context& ioc, std::string address,
-                       std::string key)
-    : pool_(std::make_shared<Pool>(ioc, std::move(address), std::move(key))) {}
+CallClient::CallClient(const std::vector<asio::io_context*>& contexts,
+                       std::string address, std::string key) {
+  for (asio::io_context* ioc : contexts)
+    pools_.push_back(std::make_shared<Pool>(*ioc, address, key));
+}
+
+CallClient::Pool& CallClient::PoolHere() {
+  for (auto& p : pools_)
+    if (p->ioc.get_executor().running_in_this_thread()) return *p;
+  return *pools_[next_.fetch_add(1, std::memory_order_relaxed) % pools_.size()];
+}
 
 CallClient::~CallClient() {
-  std::vector<std::shared_ptr<Conn>> idle;
-  {
-    std::lock_guard<std::mutex> l(pool_->mu);
-    pool_->closed = true;
-    idle.swap(pool_->idle);
-  }
-  for (auto& c : idle) {
-    ErrorCode ignored;
-    c->sock.close(ignored);  // no operation is pending on an idle one
+  for (auto& pool : pools_) {
+    std::vector<std::shared_ptr<Conn>> idle;
+    {
+      std::lock_guard<std::mutex> l(pool->mu);
+      pool->closed = true;
+      idle.swap(pool->idle);
+    }
+    for (auto& c : idle) {
+      ErrorCode ignored;
+      c->sock.close(ignored);  // no operation is pending on an idle one
+    }
   }
 }
 
-const std::string& CallClient::address() const { return pool_->address; }
+const std::string& CallClient::address() const { return pools_[0]->address; }
 
 void CallClient::Call(std::string request_frame,
                       std::chrono::steady_clock::time_point deadline,
                       Done done) {
+  Pool& pool = PoolHere();
   std::shared_ptr<Conn> c;
   {
-    std::lock_guard<std::mutex> l(pool_->mu);
-    if (!pool_->closed) {
-      if (!pool_->idle.empty()) {
-        c = std::move(pool_->idle.back());
-        pool_->idle.pop_back();
+    std::lock_guard<std::mutex> l(pool.mu);
+    if (!pool.closed) {
+      if (!pool.idle.empty()) {
+        c = std::move(pool.idle.back());
+        pool.idle.pop_back();
         c->reused = true;
       } else {
-        c = std::make_shared<Conn>(pool_);
+        c = std::make_shared<Conn>(pool.shared_from_this());
       }
-      pool_->busy.insert(c.get());
+      pool.busy.insert(c.get());
     }
   }
   if (!c) return done(absl::UnavailableError("the gateway is shutting down"));
@@ -253,12 +264,13 @@ void CallClient::Call(std::string request_frame,
 
 void CallClient::Close() {
   std::vector<std::shared_ptr<Conn>> idle, busy;
-  {
-    std::lock_guard<std::mutex> l(pool_->mu);
-    pool_->closed = true;
-    pool_->aborted = true;
-    idle.swap(pool_->idle);
-    for (Conn* c : pool_->busy)
+  for (auto& pool : pools_) {
+    std::lock_guard<std::mutex> l(pool->mu);
+    pool->closed = true;
+    pool->aborted = true;
+    for (auto& c : pool->idle) idle.push_back(std::move(c));
+    pool->idle.clear();
+    for (Conn* c : pool->busy)
       if (auto p = c->weak_from_this().lock()) busy.push_back(std::move(p));
   }
   for (auto& c : idle) {

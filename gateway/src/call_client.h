@@ -1,17 +1,19 @@
-// Function calls to one invoker's call port (invoker/call_wire.h), over a pool
-// of connections on the gateway's io_context, one call per connection at a
-// time. A call is written from the thread that asks for it when that thread
-// runs the io_context (the HTTP request's), and its reply is read and handed
-// over on the io_context thread that sees it arrive: no thread in between.
+// Function calls to one invoker's call port (invoker/call_wire.h), over
+// connections kept per io_context (the gateway runs one per thread), one call
+// per connection at a time. A call asked for on a thread that runs one of the
+// io_contexts (the HTTP request's) is written from that thread, and its reply
+// is read and handed over on that same thread: no thread in between.
 //
 // Thread safety: thread-safe. Asio stays in call_client.cc.
 #ifndef SILT_GATEWAY_CALL_CLIENT_H_
 #define SILT_GATEWAY_CALL_CLIENT_H_
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "invoker/call_wire.h"
@@ -26,10 +28,10 @@ class CallClient {
  public:
   using Done = std::function<void(absl::StatusOr<invoker::call_wire::Reply>)>;
 
-  // Calls to `address` (host:port), each connection opening with `key`.
-  // `ioc` must outlive the client.
-  CallClient(boost::asio::io_context& ioc, std::string address,
-             std::string key);
+  // Calls to `address` (host:port), each connection opening with `key`. The
+  // io_contexts (at least one) must outlive the client.
+  CallClient(const std::vector<boost::asio::io_context*>& contexts,
+             std::string address, std::string key);
   // Closes the idle connections; calls in flight go on to their end.
   ~CallClient();
   CallClient(const CallClient&) = delete;
@@ -54,7 +56,11 @@ class CallClient {
  private:
   struct Pool;
   struct Conn;
-  std::shared_ptr<Pool> pool_;
+  // The pool for the io_context this thread runs (else one in turn).
+  Pool& PoolHere();
+
+  std::vector<std::shared_ptr<Pool>> pools_;  // one per io_context
+  std::atomic<size_t> next_{0};
 };
 
 }  // namespace silt::gateway

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <cerrno>
 #include <condition_variable>
@@ -37,9 +38,13 @@ struct Gateway::Impl {
   // Reset first by ~Impl: its thread calls into the registry.
   std::unique_ptr<Autoscaler> autoscaler;
 
-  boost::asio::io_context ioc;
-  // Destroyed before the io_context: it cancels and drains in-flight function
-  // calls, whose replies are queued onto the (stopped) io_context.
+  // One io_context per thread, as nginx runs a worker per core: a
+  // connection's request, its call to the node and the answer all run on one
+  // thread, with no lock and no handoff in between.
+  std::vector<std::unique_ptr<boost::asio::io_context>> iocs;
+  std::vector<boost::asio::io_context*> contexts;  // iocs, as pointers
+  // Destroyed before the io_contexts: it fails in-flight function calls,
+  // whose replies are queued onto the (stopped) io_contexts.
   std::unique_ptr<NodeRegistry> nodes;
   // Before the registry: stops dispatching before the nodes go.
   std::unique_ptr<AsyncQueue> async;
@@ -55,7 +60,7 @@ struct Gateway::Impl {
     autoscaler.reset();
     if (server) server->Close();
     if (metrics_server) metrics_server->Close();
-    ioc.stop();
+    for (auto& ioc : iocs) ioc->stop();
     for (auto& t : threads) t.join();
   }
 };
@@ -202,8 +207,17 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
       std::max(0.05, options.memory_high - 0.1);
   if (options.shard_split_bytes)
     node_options.directory.default_max_shard_bytes = options.shard_split_bytes;
-  auto nodes = NodeRegistry::Start(node_options, impl->ioc, impl->store.get(),
-                                   impl->bundles.get(), &impl->metrics);
+  int threads =
+      options.threads > 0
+          ? options.threads
+          : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+  for (int i = 0; i < threads; ++i) {
+    impl->iocs.push_back(std::make_unique<boost::asio::io_context>(1));
+    impl->contexts.push_back(impl->iocs.back().get());
+  }
+  auto nodes =
+      NodeRegistry::Start(node_options, impl->contexts, impl->store.get(),
+                          impl->bundles.get(), &impl->metrics);
   if (!nodes.ok()) return nodes.status();
   impl->nodes = *std::move(nodes);
   AsyncQueueOptions async_options;
@@ -228,7 +242,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   http.header_timeout = options.read_timeout;
   http.body_timeout = options.read_timeout;
   http.write_timeout = options.write_timeout;
-  auto server = HttpServer::Listen(impl->ioc, options.listen, http,
+  auto server = HttpServer::Listen(impl->contexts, options.listen, http,
                                    [api](HttpRequest req, Reply reply) {
                                      api->Handle(req, std::move(reply));
                                    });
@@ -240,7 +254,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
     return 64 << 10;
   };
   auto metrics_server =
-      HttpServer::Listen(impl->ioc, options.metrics_listen, metrics_http,
+      HttpServer::Listen(impl->contexts, options.metrics_listen, metrics_http,
                          [api](HttpRequest req, Reply reply) {
                            reply(api->HandleMetricsPort(req));
                          });
@@ -269,13 +283,11 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
     impl->autoscaler = *std::move(autoscaler);
   }
 
-  int n =
-      options.threads > 0
-          ? options.threads
-          : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
-  for (int i = 0; i < n; ++i) {
-    impl->threads.emplace_back([ioc = &impl->ioc] { ioc->run(); });
-  }
+  for (auto* ioc : impl->contexts)
+    impl->threads.emplace_back([ioc] {
+      auto work = boost::asio::make_work_guard(*ioc);  // until stop()
+      ioc->run();
+    });
   return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
 }
 

@@ -282,12 +282,14 @@ class Session : public std::enable_shared_from_this<Session> {
 }  // namespace
 
 struct HttpServer::Listener : std::enable_shared_from_this<Listener> {
-  Listener(asio::io_context& ioc, HttpServerOptions o, Handler h)
-      : ioc(ioc),
-        acceptor(asio::make_strand(ioc)),
+  Listener(const std::vector<asio::io_context*>& contexts, HttpServerOptions o,
+           Handler h)
+      : contexts(contexts),
+        acceptor(asio::make_strand(*contexts[0])),
         shared(std::make_shared<Shared>(Shared{std::move(o), std::move(h)})) {}
 
   void Accept() {
+    asio::io_context& ioc = *contexts[next++ % contexts.size()];
     acceptor.async_accept(
         asio::make_strand(ioc),
         [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
@@ -301,7 +303,8 @@ struct HttpServer::Listener : std::enable_shared_from_this<Listener> {
         });
   }
 
-  asio::io_context& ioc;
+  const std::vector<asio::io_context*> contexts;
+  size_t next = 0;  // on the acceptor's strand
   tcp::acceptor acceptor;
   std::shared_ptr<const Shared> shared;
 };
@@ -341,12 +344,14 @@ HttpServer::HttpServer(std::shared_ptr<Listener> l) : listener_(std::move(l)) {}
 HttpServer::~HttpServer() { Close(); }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Listen(
-    asio::io_context& ioc, absl::string_view listen, HttpServerOptions options,
-    Handler handler) {
+    const std::vector<asio::io_context*>& contexts, absl::string_view listen,
+    HttpServerOptions options, Handler handler) {
+  if (contexts.empty())
+    return absl::InvalidArgumentError("an HTTP server needs an io_context");
   auto ep = ParseListenAddress(listen);
   if (!ep.ok()) return ep.status();
-  auto l =
-      std::make_shared<Listener>(ioc, std::move(options), std::move(handler));
+  auto l = std::make_shared<Listener>(contexts, std::move(options),
+                                      std::move(handler));
   beast::error_code ec;
   l->acceptor.open(ep->protocol(), ec);
   if (!ec) l->acceptor.set_option(asio::socket_base::reuse_address(true), ec);

@@ -1,6 +1,6 @@
 // An HTTP/1.1 server on Boost.Beast: one acceptor, one strand per connection,
-// all on a caller-owned io_context. Private to the gateway (only gateway.cc
-// includes it).
+// on caller-owned io_contexts (connections are dealt to them in turn).
+// Private to the gateway (only gateway.cc includes it).
 #ifndef SILT_GATEWAY_HTTP_SERVER_H_
 #define SILT_GATEWAY_HTTP_SERVER_H_
 
@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -37,9 +38,11 @@ std::string FormatEndpoint(const boost::asio::ip::tcp::endpoint& ep);
 
 class HttpServer {
  public:
+  // Accepts on the first of `contexts` (at least one); each connection runs
+  // on one of them, in turn.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Listen(
-      boost::asio::io_context& ioc, absl::string_view listen,
-      HttpServerOptions options, Handler handler);
+      const std::vector<boost::asio::io_context*>& contexts,
+      absl::string_view listen, HttpServerOptions options, Handler handler);
   ~HttpServer();
 
   boost::asio::ip::tcp::endpoint local_endpoint() const;

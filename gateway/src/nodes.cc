@@ -144,7 +144,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   };
 
   NodeRegistryOptions options;
-  boost::asio::io_context* ioc = nullptr;  // the function calls' connections
+  // Where the function calls' connections live (CallClient).
+  std::vector<boost::asio::io_context*> contexts;
   store::Store* store;
   BundleStore* bundles;
   Metrics* metrics = nullptr;
@@ -382,7 +383,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
         node->address, grpc::InsecureChannelCredentials(), args);
     node->stub = v1::Invoker::NewStub(node->channel);
     node->calls =
-        std::make_unique<CallClient>(*ioc, reg.call_address(), data_key);
+        std::make_unique<CallClient>(contexts, reg.call_address(), data_key);
     {
       std::lock_guard<std::mutex> l(mu);
       if (auto it = nodes.find(node->name); it != nodes.end()) {
@@ -1036,11 +1037,14 @@ NodeRegistry::NodeRegistry(std::unique_ptr<Impl> impl)
 NodeRegistry::~NodeRegistry() = default;
 
 absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
-    const NodeRegistryOptions& options, boost::asio::io_context& ioc,
-    store::Store* store, BundleStore* bundles, Metrics* metrics) {
+    const NodeRegistryOptions& options,
+    const std::vector<boost::asio::io_context*>& contexts, store::Store* store,
+    BundleStore* bundles, Metrics* metrics) {
+  if (contexts.empty())
+    return absl::InvalidArgumentError("the node registry needs an io_context");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->ioc = &ioc;
+  impl->contexts = contexts;
   impl->metrics = metrics;
   impl->store = store;
   impl->bundles = bundles;

@@ -111,10 +111,12 @@ struct NodeRegistryOptions {
 
 class NodeRegistry {
  public:
-  // Function calls to the nodes run on `ioc` (invoker/call_wire.h). `ioc`,
-  // and `metrics` (may be null), must outlive the registry.
+  // Function calls to the nodes run on `contexts` (invoker/call_wire.h),
+  // each on the one the calling thread runs. They, and `metrics` (may be
+  // null), must outlive the registry.
   static absl::StatusOr<std::unique_ptr<NodeRegistry>> Start(
-      const NodeRegistryOptions& options, boost::asio::io_context& ioc,
+      const NodeRegistryOptions& options,
+      const std::vector<boost::asio::io_context*>& contexts,
       store::Store* store, BundleStore* bundles, Metrics* metrics = nullptr);
   ~NodeRegistry();
 

@@ -6,14 +6,17 @@
 //
 //   sudo build/tests/bench/bench_invoke [--seconds 3] [--concurrency 1,32]
 //
-// Prints a table and ratio lines (silt / nginx). Needs root (instances run
-// sandboxed) and nginx (deploy/setup.sh installs nginx-light).
+// Prints a table and ratio lines (silt / nginx), then where a call's cost
+// goes: CPU time, context switches and (with perf installed) instructions per
+// call in each process on the path, for Silt and for the nginx hop. Needs root
+// (instances run sandboxed) and nginx (deploy/setup.sh installs nginx-light).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,14 +29,21 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <iterator>
+#include <map>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/process.h"
 
@@ -214,6 +224,128 @@ Result Load(int port, const std::string& path, int concurrency,
   return r;
 }
 
+// ---- where a call's cost goes ----
+
+// Processes whose command name is in `comms` (or whose pid is in `pids`).
+std::vector<pid_t> Pids(const std::set<std::string>& comms,
+                        const std::set<pid_t>& pids = {}) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    pid_t pid = std::atoi(e.path().filename().c_str());
+    if (pid <= 0) continue;
+    std::ifstream f(e.path() / "comm");
+    std::string comm;
+    std::getline(f, comm);
+    if (comms.contains(comm) || pids.contains(pid)) out.push_back(pid);
+  }
+  return out;
+}
+
+struct Usage {
+  double cpu_s = 0;       // user + system, all threads
+  uint64_t switches = 0;  // voluntary + involuntary, all threads
+};
+
+Usage UsageOf(const std::vector<pid_t>& pids) {
+  Usage u;
+  static const double tick = sysconf(_SC_CLK_TCK);
+  for (pid_t pid : pids) {
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string line;
+    std::getline(stat, line);
+    size_t paren = line.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream in(line.substr(paren + 2));
+    std::vector<std::string> f{std::istream_iterator<std::string>(in), {}};
+    if (f.size() > 13)  // fields 14 and 15: utime, stime (0-based 11, 12)
+      u.cpu_s += (std::atof(f[11].c_str()) + std::atof(f[12].c_str())) / tick;
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator(
+             absl::StrCat("/proc/", pid, "/task"), ec)) {
+      std::ifstream st(t.path() / "status");
+      for (std::string l; std::getline(st, l);) {
+        uint64_t n = 0;
+        if ((absl::StartsWith(l, "voluntary_ctxt_switches:") ||
+             absl::StartsWith(l, "nonvoluntary_ctxt_switches:")) &&
+            absl::SimpleAtoi(
+                absl::StripAsciiWhitespace(l.substr(l.find(':') + 1)), &n))
+          u.switches += n;
+      }
+    }
+  }
+  return u;
+}
+
+Usage SelfUsage() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  Usage u;
+  u.cpu_s = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+            (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  u.switches = ru.ru_nvcsw + ru.ru_nivcsw;
+  return u;
+}
+
+// Instructions (user + kernel) the processes run in the next `seconds`, by
+// perf stat; -1 without perf.
+std::future<double> Instructions(const std::vector<pid_t>& pids,
+                                 double seconds) {
+  return std::async(std::launch::async, [pids, seconds]() -> double {
+    if (pids.empty() || access("/usr/bin/perf", X_OK) != 0) return -1;
+    std::vector<std::string> ids;
+    for (pid_t p : pids) ids.push_back(std::to_string(p));
+    auto r = silt::testing::RunCommand({"/usr/bin/perf", "stat", "-x,", "-e",
+                                        "instructions", "-p",
+                                        absl::StrJoin(ids, ","), "--", "sleep",
+                                        absl::StrFormat("%.2f", seconds)});
+    for (absl::string_view l : absl::StrSplit(r.err, '\n')) {
+      double v;
+      std::vector<absl::string_view> f = absl::StrSplit(l, ',');
+      if (f.size() > 2 && absl::StartsWith(f[2], "instructions") &&
+          absl::SimpleAtod(f[0], &v))
+        return v;
+    }
+    return -1;
+  });
+}
+
+// A process group on a call's path, measured over one load run.
+struct Stage {
+  std::string name;
+  std::vector<pid_t> pids;  // empty: this process (the client)
+  Usage before, after;
+  std::future<double> instructions;
+};
+
+struct Breakdown {
+  std::vector<Stage> stages;
+  void Begin(double seconds) {
+    for (auto& s : stages) {
+      s.before = s.pids.empty() ? SelfUsage() : UsageOf(s.pids);
+      if (!s.pids.empty()) s.instructions = Instructions(s.pids, seconds);
+    }
+  }
+  // A row per stage (per call: CPU us, switches, instructions) into *rows,
+  // and its name=value line into *lines. perf counts over a window as long
+  // as the load run's, so its count is divided by the run's calls too.
+  void End(const std::string& target, int conns, double calls,
+           std::vector<std::string>* rows, std::vector<std::string>* lines) {
+    for (auto& s : stages) {
+      s.after = s.pids.empty() ? SelfUsage() : UsageOf(s.pids);
+      double instr = s.instructions.valid() ? s.instructions.get() : -1;
+      double cpu_us = (s.after.cpu_s - s.before.cpu_s) * 1e6 / calls;
+      double sw =
+          static_cast<double>(s.after.switches - s.before.switches) / calls;
+      double instr_per_call = instr < 0 ? -1 : instr / calls;
+      rows->push_back(absl::StrFormat("%-6d %-12s %-10s %10.1f %10.2f %14.0f\n",
+                                      conns, target, s.name, cpu_us, sw,
+                                      instr_per_call));
+      lines->push_back(absl::StrFormat("cpu_us_per_call_%s_%s_c%d=%.1f", target,
+                                       s.name, conns, cpu_us));
+    }
+  }
+};
+
 int FreePort() {
   int port = 0;
   int fd = Listen(&port);
@@ -305,11 +437,32 @@ int main(int argc, char** argv) {
          "Hello, Silt!\\n");
   printf("%-6s %-14s %12s %10s %10s %8s\n", "conns", "target", "req/s",
          "p50 us", "p99 us", "errors");
-  std::vector<std::string> ratios;
+  std::vector<std::string> ratios, costs;
+  std::vector<std::string> breakdown;
+  auto stages = [&](bool silt_path) {
+    Breakdown b;
+    b.stages.push_back({.name = "client"});
+    if (silt_path) {
+      b.stages.push_back({.name = "gateway", .pids = Pids({"silt-gateway"})});
+      b.stages.push_back({.name = "invoker", .pids = Pids({"silt-invoker"})});
+      b.stages.push_back(
+          {.name = "instance", .pids = Pids({"silt-worker", "silt-restorer"})});
+    } else {
+      b.stages.push_back({.name = "nginx", .pids = Pids({"nginx"})});
+      b.stages.push_back({.name = "upstream", .pids = Pids({}, {base})});
+    }
+    return b;
+  };
   for (int c : levels) {
     Result base_r = Load(base_port, "/", c, seconds);
+    Breakdown nb = stages(false);
+    nb.Begin(seconds);
     Result nginx_r = Load(nginx_port, "/", c, seconds);
+    Breakdown sb = stages(true);
+    sb.Begin(seconds);
     Result silt_r = Load(silt_port, "/function/hello", c, seconds);
+    nb.End("nginx", c, nginx_r.rps * seconds, &breakdown, &costs);
+    sb.End("silt", c, silt_r.rps * seconds, &breakdown, &costs);
     for (auto& [name, r] : std::vector<std::pair<const char*, Result>>{
              {"direct", base_r}, {"nginx-1-hop", nginx_r}, {"silt", silt_r}}) {
       printf("%-6d %-14s %12.0f %10.0f %10.0f %8lu\n", c, name, r.rps, r.p50_us,
@@ -322,11 +475,19 @@ int main(int argc, char** argv) {
         absl::StrCat("p50_nginx_over_silt_c", c, "=",
                      absl::StrFormat("%.2f", nginx_r.p50_us / silt_r.p50_us)));
     ratios.push_back(
+        absl::StrCat("p99_nginx_over_silt_c", c, "=",
+                     absl::StrFormat("%.2f", nginx_r.p99_us / silt_r.p99_us)));
+    ratios.push_back(
         absl::StrCat("throughput_silt_vs_direct_c", c, "=",
                      absl::StrFormat("%.2f", silt_r.rps / base_r.rps)));
   }
+  printf("\nper call: CPU time, context switches, instructions (perf)\n");
+  printf("%-6s %-12s %-10s %10s %10s %14s\n", "conns", "target", "process",
+         "cpu us", "switches", "instructions");
+  for (const auto& l : breakdown) printf("%s", l.c_str());
   printf("\n");
   for (const auto& r : ratios) printf("%s\n", r.c_str());
+  for (const auto& r : costs) printf("%s\n", r.c_str());
 
   silt->Stop(SIGTERM);
   nginx->Stop(SIGTERM);

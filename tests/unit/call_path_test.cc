@@ -127,7 +127,7 @@ class CallPathTest : public ::testing::Test {
 };
 
 TEST_F(CallPathTest, CallsGoAndComeBackOverKeptConnections) {
-  gateway::CallClient c(ioc_, port_->address(), std::string(32, 'k'));
+  gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
   for (int i = 0; i < 50; ++i) {
     auto r = Call(c, "/p", "body" + std::to_string(i));
     ASSERT_TRUE(r.ok()) << r.status();
@@ -146,7 +146,7 @@ TEST_F(CallPathTest, CallsGoAndComeBackOverKeptConnections) {
 }
 
 TEST_F(CallPathTest, AWrongKeyIsRefused) {
-  gateway::CallClient c(ioc_, port_->address(), std::string(32, 'x'));
+  gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'x'));
   auto r = Call(c, "/p");
   EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
 }
@@ -154,15 +154,15 @@ TEST_F(CallPathTest, AWrongKeyIsRefused) {
 TEST_F(CallPathTest, NoNodeThereIsUnavailable) {
   std::string addr = port_->address();
   port_.reset();  // nothing listens there now
-  gateway::CallClient c(ioc_, addr, std::string(32, 'k'));
+  gateway::CallClient c({&ioc_}, addr, std::string(32, 'k'));
   auto r = Call(c, "/p");
   EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
-  gateway::CallClient bad(ioc_, "not-an-address", std::string(32, 'k'));
+  gateway::CallClient bad({&ioc_}, "not-an-address", std::string(32, 'k'));
   EXPECT_TRUE(absl::IsUnavailable(Call(bad, "/p").status()));
 }
 
 TEST_F(CallPathTest, NoAnswerByTheDeadlineIsDeadlineExceeded) {
-  gateway::CallClient c(ioc_, port_->address(), std::string(32, 'k'));
+  gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
   auto r = Call(c, "/block", "x", std::chrono::milliseconds(50));
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
   Release();
@@ -173,7 +173,7 @@ TEST_F(CallPathTest, NoAnswerByTheDeadlineIsDeadlineExceeded) {
 }
 
 TEST_F(CallPathTest, CloseFailsCallsInFlight) {
-  gateway::CallClient c(ioc_, port_->address(), std::string(32, 'k'));
+  gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
   ASSERT_TRUE(Call(c, "/p").ok());
   std::promise<absl::StatusOr<cw::Reply>> p;
   cw::Request r;
@@ -190,7 +190,7 @@ TEST_F(CallPathTest, CloseFailsCallsInFlight) {
 }
 
 TEST_F(CallPathTest, AConnectionClosedByTheNodeWhileIdleIsReplaced) {
-  gateway::CallClient c(ioc_, port_->address(), std::string(32, 'k'));
+  gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
   ASSERT_TRUE(Call(c, "/p").ok());  // leaves a kept connection
   // The node restarts on the same address: its old connections are gone.
   std::string addr = port_->address();
