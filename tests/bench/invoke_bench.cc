@@ -287,7 +287,7 @@ Usage SelfUsage() {
 }
 
 // Instructions (user + kernel) the processes run in the next `seconds`, by
-// perf stat; -1 without perf.
+// perf stat; -1 without perf or without hardware counters (as in most VMs).
 std::future<double> Instructions(const std::vector<pid_t>& pids,
                                  double seconds) {
   return std::async(std::launch::async, [pids, seconds]() -> double {
@@ -312,17 +312,32 @@ std::future<double> Instructions(const std::vector<pid_t>& pids,
 // A process group on a call's path, measured over one load run.
 struct Stage {
   std::string name;
-  std::vector<pid_t> pids;  // empty: this process (the client)
-  Usage before, after;
+  // The processes: these command names and pids (looked for again at the
+  // end: instances may start during the run); none: this one (the client).
+  std::set<std::string> comms;
+  std::set<pid_t> pids;
+  std::map<pid_t, Usage> before;
   std::future<double> instructions;
+
+  bool Self() const { return comms.empty() && pids.empty(); }
+  std::map<pid_t, Usage> Now() const {
+    std::map<pid_t, Usage> m;
+    if (Self()) {
+      m[0] = SelfUsage();
+    } else {
+      for (pid_t p : Pids(comms, pids)) m[p] = UsageOf({p});
+    }
+    return m;
+  }
 };
 
 struct Breakdown {
   std::vector<Stage> stages;
   void Begin(double seconds) {
     for (auto& s : stages) {
-      s.before = s.pids.empty() ? SelfUsage() : UsageOf(s.pids);
-      if (!s.pids.empty()) s.instructions = Instructions(s.pids, seconds);
+      s.before = s.Now();
+      if (!s.Self())
+        s.instructions = Instructions(Pids(s.comms, s.pids), seconds);
     }
   }
   // A row per stage (per call: CPU us, switches, instructions) into *rows,
@@ -331,13 +346,19 @@ struct Breakdown {
   void End(const std::string& target, int conns, double calls,
            std::vector<std::string>* rows, std::vector<std::string>* lines) {
     for (auto& s : stages) {
-      s.after = s.pids.empty() ? SelfUsage() : UsageOf(s.pids);
+      Usage used;  // since Begin, over the processes there at the end
+      for (const auto& [pid, u] : s.Now()) {
+        auto it = s.before.find(pid);
+        Usage b = it == s.before.end() ? Usage() : it->second;
+        used.cpu_s += u.cpu_s - b.cpu_s;
+        used.switches += u.switches - b.switches;
+      }
       double instr = s.instructions.valid() ? s.instructions.get() : -1;
-      double cpu_us = (s.after.cpu_s - s.before.cpu_s) * 1e6 / calls;
-      double sw =
-          static_cast<double>(s.after.switches - s.before.switches) / calls;
-      double instr_per_call = instr < 0 ? -1 : instr / calls;
-      rows->push_back(absl::StrFormat("%-6d %-12s %-10s %10.1f %10.2f %14.0f\n",
+      double cpu_us = used.cpu_s * 1e6 / calls;
+      double sw = static_cast<double>(used.switches) / calls;
+      std::string instr_per_call =
+          instr < 0 ? "n/a" : absl::StrFormat("%.0f", instr / calls);
+      rows->push_back(absl::StrFormat("%-6d %-12s %-10s %10.1f %10.2f %14s\n",
                                       conns, target, s.name, cpu_us, sw,
                                       instr_per_call));
       lines->push_back(absl::StrFormat("cpu_us_per_call_%s_%s_c%d=%.1f", target,
@@ -443,13 +464,13 @@ int main(int argc, char** argv) {
     Breakdown b;
     b.stages.push_back({.name = "client"});
     if (silt_path) {
-      b.stages.push_back({.name = "gateway", .pids = Pids({"silt-gateway"})});
-      b.stages.push_back({.name = "invoker", .pids = Pids({"silt-invoker"})});
+      b.stages.push_back({.name = "gateway", .comms = {"silt-gateway"}});
+      b.stages.push_back({.name = "invoker", .comms = {"silt-invoker"}});
       b.stages.push_back(
-          {.name = "instance", .pids = Pids({"silt-worker", "silt-restorer"})});
+          {.name = "instance", .comms = {"silt-worker", "silt-restorer"}});
     } else {
-      b.stages.push_back({.name = "nginx", .pids = Pids({"nginx"})});
-      b.stages.push_back({.name = "upstream", .pids = Pids({}, {base})});
+      b.stages.push_back({.name = "nginx", .comms = {"nginx"}});
+      b.stages.push_back({.name = "upstream", .pids = {base}});
     }
     return b;
   };
