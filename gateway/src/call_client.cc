@@ -87,8 +87,8 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
   asio::steady_timer timer;
 
   // The call on it.
-  std::string out;  // its request frame
-  std::string in;   // its reply, as it arrives
+  std::shared_ptr<const std::string> out;  // its request frame
+  std::string in;                          // its reply, as it arrives
   size_t have = 0;
   Done done;
   std::chrono::steady_clock::time_point deadline;
@@ -121,7 +121,7 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
   void Write(bool with_hello) {
     std::array<asio::const_buffer, 2> bufs = {
         asio::buffer(with_hello ? pool->hello : std::string_view()),
-        asio::buffer(out)};
+        asio::buffer(*out)};
     asio::async_write(sock, bufs,
                       [self = shared_from_this()](ErrorCode ec, size_t) {
                         if (ec) return self->Broken(ec, false);
@@ -163,8 +163,7 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
     if (in.size() > (1 << 20)) std::string().swap(in);
     timer.cancel();
     Done d = std::move(done);
-    out.clear();
-    if (out.capacity() > (1 << 20)) std::string().swap(out);
+    out.reset();
     {
       std::lock_guard<std::mutex> l(pool->mu);
       pool->busy.erase(this);
@@ -236,7 +235,7 @@ CallClient::~CallClient() {
 
 const std::string& CallClient::address() const { return pools_[0]->address; }
 
-void CallClient::Call(std::string request_frame,
+void CallClient::Call(std::shared_ptr<const std::string> request_frame,
                       std::chrono::steady_clock::time_point deadline,
                       Done done) {
   Pool& pool = PoolHere();

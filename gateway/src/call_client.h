@@ -39,13 +39,14 @@ class CallClient {
 
   const std::string& address() const;
 
-  // Sends one call (a whole kRequest frame). `done` runs exactly once, on an
+  // Sends one call (a whole kRequest frame, shared so that a caller can send
+  // it again elsewhere without a copy). `done` runs exactly once, on an
   // io_context thread or, when the client is closed, right here: the reply;
   // Unavailable when the node could not be reached or the connection broke
   // before the reply (a connection kept from an earlier call that turns out
   // closed is replaced once, silently); DeadlineExceeded when no reply came
   // by `deadline` (the connection is closed).
-  void Call(std::string request_frame,
+  void Call(std::shared_ptr<const std::string> request_frame,
             std::chrono::steady_clock::time_point deadline, Done done);
 
   // Closes the idle connections and fails the calls in flight with

@@ -751,12 +751,12 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   // ---- invoke ----
 
   struct Call {
-    InvokeCall call;  // its body and headers moved into `frame`
+    InvokeCall call;  // its method, path, query, headers and body: in `frame`
     std::function<void(absl::StatusOr<InvokeResult>)> done;
     std::shared_ptr<const Fn> fn;
     std::shared_ptr<Node> node;
-    cw::Request req;    // what goes to the node (its body: in `frame`)
-    std::string frame;  // req as sent (kept to send again elsewhere)
+    // The request as sent (kept to send again elsewhere).
+    std::shared_ptr<const std::string> frame;
     bool with_spec = false;
     std::vector<std::string> tried;
   };
@@ -835,7 +835,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
       call->fn = it->second;
       ++calls[it->first];
     }
-    cw::Request& r = call->req;
+    cw::Request r;
     r.name = call->call.name;
     r.ns = call->call.ns;
     r.generation = call->fn->spec.generation();
@@ -847,9 +847,9 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     r.body = std::move(call->call.body);
     r.timeout_ms = static_cast<uint32_t>(call->call.timeout.count());
     r.cold_start = call->call.cold_start;
-    cw::AppendRequest(&call->frame, r);
-    r.body.clear();  // the frame has it
-    r.headers.clear();
+    auto frame = std::make_shared<std::string>();
+    cw::AppendRequest(frame.get(), r);
+    call->frame = std::move(frame);
     Dispatch(call);
   }
 
@@ -884,14 +884,13 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   // its spec.
   void SendWithSpec(std::shared_ptr<Call> call) {
     // The frame is rebuilt around the body it already holds.
-    uint32_t len;
-    memcpy(&len, call->frame.data(), 4);
     cw::Request full;
-    if (!cw::ParseRequest(std::string_view(call->frame).substr(4, len), &full))
+    if (!cw::ParseRequest(std::string_view(*call->frame).substr(4), &full))
       return call->done(absl::InternalError("cannot re-read a call frame"));
     full.spec = call->fn->spec.SerializeAsString();
-    call->frame.clear();
-    cw::AppendRequest(&call->frame, full);
+    auto frame = std::make_shared<std::string>();
+    cw::AppendRequest(frame.get(), full);
+    call->frame = std::move(frame);
     call->with_spec = true;
     Send(call);
   }

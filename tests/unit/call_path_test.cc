@@ -108,7 +108,8 @@ class CallPathTest : public ::testing::Test {
     std::string frame;
     cw::AppendRequest(&frame, r);
     std::promise<absl::StatusOr<cw::Reply>> p;
-    c.Call(std::move(frame), Clock::now() + timeout,
+    c.Call(std::make_shared<const std::string>(std::move(frame)),
+           Clock::now() + timeout,
            [&](absl::StatusOr<cw::Reply> rep) { p.set_value(std::move(rep)); });
     return p.get_future().get();
   }
@@ -180,7 +181,8 @@ TEST_F(CallPathTest, CloseFailsCallsInFlight) {
   r.path = "/block";
   std::string frame;
   cw::AppendRequest(&frame, r);
-  c.Call(std::move(frame), Clock::now() + std::chrono::seconds(30),
+  c.Call(std::make_shared<const std::string>(std::move(frame)),
+         Clock::now() + std::chrono::seconds(30),
          [&](absl::StatusOr<cw::Reply> rep) { p.set_value(std::move(rep)); });
   c.Close();
   auto got = p.get_future().get();
