@@ -944,10 +944,12 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
                         request_ct.empty() ? "text/plain" : request_ct);
         }
         res.body = std::move(r->body);
-        if (!r->start_tier.empty())
-          metrics_->Start(fn, r->start_tier, r->start_ms / 1000);
-        if (!r->failure.empty()) metrics_->InstanceFailure(fn, r->failure);
-        res.SetHeader("X-Silt-Start", r->start_tier);
+        namespace cw = invoker::call_wire;
+        const char* tier = cw::StartTierName(r->start_tier);
+        metrics_->Start(fn, tier, r->start_ms / 1000);
+        if (r->failure != cw::Failure::kNone)
+          metrics_->InstanceFailure(fn, cw::FailureName(r->failure));
+        res.SetHeader("X-Silt-Start", tier);
         res.SetHeader("X-Silt-Start-Ms", absl::StrFormat("%.3f", r->start_ms));
         if (!r->node.empty()) res.SetHeader("X-Silt-Node", r->node);
       } else if (absl::IsNotFound(r.status())) {

@@ -445,9 +445,11 @@ struct AsyncQueue::Impl {
       status = d.result->status;
       r->last_status = status;
       r->last_error =
-          d.result->failure.empty()
+          d.result->failure == invoker::call_wire::Failure::kNone
               ? ""
-              : absl::StrCat("instance failed: ", d.result->failure);
+              : absl::StrCat(
+                    "instance failed: ",
+                    invoker::call_wire::FailureName(d.result->failure));
       headers = std::move(d.result->headers);
       body = std::move(d.result->body);
       retry_after = RetryAfterMs(headers);

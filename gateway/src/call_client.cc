@@ -16,8 +16,8 @@
 #include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "http_server.h"
 
 namespace silt::gateway {
 namespace {
@@ -31,16 +31,9 @@ using ErrorCode = boost::system::error_code;
 constexpr size_t kMaxIdle = 128;
 
 std::optional<tcp::endpoint> ParseEndpoint(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return std::nullopt;
-  uint32_t port;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port == 0 ||
-      port > 65535)
-    return std::nullopt;
-  ErrorCode ec;
-  auto ip = asio::ip::make_address(address.substr(0, colon), ec);
-  if (ec) return std::nullopt;
-  return tcp::endpoint(ip, static_cast<uint16_t>(port));
+  auto ep = ParseListenAddress(address);
+  if (!ep.ok() || ep->port() == 0) return std::nullopt;
+  return *ep;
 }
 
 }  // namespace

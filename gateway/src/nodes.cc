@@ -934,10 +934,10 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     out.status = r->status;
     out.headers = std::move(r->headers);
     out.body = std::move(r->body);
-    out.start_tier = cw::StartTierName(r->tier);
+    out.start_tier = r->tier;
     out.start_ms = r->start_us / 1000.0;
     out.instance = std::move(r->instance);
-    out.failure = cw::FailureName(r->failure);
+    out.failure = r->failure;
     out.node = call->node->name;
     call->done(std::move(out));
   }

@@ -47,11 +47,13 @@ struct InvokeResult {
   int status = 0;
   HeaderList headers;
   std::string body;
-  std::string start_tier;
+  invoker::call_wire::StartTier start_tier =
+      invoker::call_wire::StartTier::kWarm;
   double start_ms = 0;
   std::string instance;
   std::string node;
-  std::string failure;  // oom | seccomp | crash when the instance died
+  // Set when the instance died serving the call.
+  invoker::call_wire::Failure failure = invoker::call_wire::Failure::kNone;
 };
 
 struct LogRecord {

@@ -51,8 +51,8 @@ void CallPort::ServeGateway(int fd) {
     try {
       handler_(req, &reply);
     } catch (const std::exception& e) {
-      fprintf(stderr, "silt-invoker: call %s: %s\n", req.call_id.c_str(),
-              e.what());
+      fprintf(stderr, "silt-invoker: call to %s/%s: %s\n", req.ns.c_str(),
+              req.name.c_str(), e.what());
       reply = call_wire::Reply();
       reply.outcome = call_wire::Outcome::kError;
       reply.error_code = static_cast<uint8_t>(absl::StatusCode::kInternal);
