@@ -362,6 +362,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     }
     stop_cv.notify_all();
     if (auto* c = connect_ctx.load()) c->TryCancel();
+    // A move in progress would hold the server's shutdown until it ends.
+    if (proclet_host) proclet_host->StopMoves();
     if (server)
       server->Shutdown(std::chrono::system_clock::now() +
                        std::chrono::seconds(2));
@@ -2682,6 +2684,7 @@ void Invoker::Shutdown() {
     impl_->stopping = true;
     if (impl_->drain_ctx) impl_->drain_ctx->TryCancel();
   }
+  if (impl_->proclet_host) impl_->proclet_host->StopMoves();
   impl_->stop_cv.notify_all();
 }
 

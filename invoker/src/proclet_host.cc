@@ -48,6 +48,8 @@ struct ProcletHost::Impl {
 ProcletHost::ProcletHost(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ProcletHost::~ProcletHost() = default;
 
+void ProcletHost::StopMoves() { impl_->mover->Stop(); }
+
 void ProcletHost::StopPeers() {
   impl_->port->Shutdown();
   impl_->port->Join();

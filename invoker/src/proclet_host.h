@@ -61,6 +61,9 @@ class ProcletHost {
   // they run finish first), so the owner can tear down what `run_task` and
   // `jobs` use before destroying the host. Idempotent.
   void StopPeers();
+  // Aborts the shard moves in progress from here and refuses new ones (see
+  // ShardMover::Stop): the first thing a stopping node does. Idempotent.
+  void StopMoves();
 
   std::string data_address() const;
   // The cluster's data-port key (from the gateway): every data connection,

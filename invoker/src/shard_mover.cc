@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -170,6 +171,31 @@ void Reaper::Run() {
 ShardMover::ShardMover(std::string self, ShardTable& shards, const DataKey& key)
     : self_(std::move(self)), shards_(shards), key_(key) {}
 
+class ShardMover::Registration {
+ public:
+  Registration(ShardMover& mover, int fd) : mover_(mover), fd_(fd) {
+    absl::MutexLock l(&mover_.mu_);
+    added_ = !mover_.stopping_;
+    if (added_) mover_.moving_fds_.push_back(fd_);
+  }
+  ~Registration() {  // before the fd is closed: Stop() never sees a reused one
+    absl::MutexLock l(&mover_.mu_);
+    std::erase(mover_.moving_fds_, fd_);
+  }
+  bool added() const { return added_; }
+
+ private:
+  ShardMover& mover_;
+  const int fd_;
+  bool added_ = false;
+};
+
+void ShardMover::Stop() {
+  absl::MutexLock l(&mu_);
+  stopping_ = true;
+  for (int fd : moving_fds_) shutdown(fd, SHUT_RDWR);
+}
+
 absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
     uint64_t id, const std::string& target,
     std::chrono::system_clock::time_point deadline) {
@@ -191,6 +217,9 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
   if (!fd.ok()) return fd.status();
   PeerConn conn;
   conn.fd = *fd;
+  Registration registration(*this, conn.fd);
+  if (!registration.added())
+    return absl::UnavailableError("this node is stopping: nothing moves now");
   if (auto s = WriteBytesFrame(conn.fd, hello); !s.ok()) return s;
   conn.reader = std::make_unique<FrameReader>(*fd, 4096);
   pv1::ShardInfo info;
@@ -211,6 +240,13 @@ absl::StatusOr<pv1::MigrateShardResponse> ShardMover::Migrate(
     round.runs = {{0, round.used}};
   }
   auto abort = [&](absl::Status s) {
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_)
+        s = absl::UnavailableError(absl::StrCat("this node is stopping: shard ",
+                                                id, " stays here (",
+                                                s.message(), ")"));
+    }
     absl::MutexLock l(&hs->mu);
     if (hs->frozen && !hs->gone) hs->Publish(true);
     hs->frozen = false;

@@ -60,14 +60,26 @@ class ShardMover {
   // DeadlineExceeded when the final round would start after `deadline`.
   // On success the shard answers MOVED here; on failure it keeps serving
   // here, unchanged.
+  // Unavailable once Stop() was called.
   absl::StatusOr<pv1::MigrateShardResponse> Migrate(
       uint64_t id, const std::string& target,
       std::chrono::system_clock::time_point deadline);
 
+  // Aborts the moves in progress (their connections are shut down, so they
+  // fail at once and their shards stay here, unchanged) and refuses new ones:
+  // a node that is stopping does not wait for a copy to finish. Idempotent.
+  void Stop();
+
  private:
+  // A move's connection, known to Stop() while the move runs.
+  class Registration;
+
   const std::string self_;
   ShardTable& shards_;
   const DataKey& key_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<int> moving_fds_ ABSL_GUARDED_BY(mu_);
   Reaper reaper_;
 };
 

@@ -71,7 +71,9 @@ class Invoker {
   // the failed migration's error. Thread-safe; meant to be called once.
   absl::Status Drain(std::chrono::milliseconds timeout);
   void Wait();
-  // Stops Wait() and cancels a Drain() in progress. Thread-safe.
+  // Stops Wait(), cancels a Drain() in progress and aborts the proclet moves
+  // from here (their proclets stay, and are lost when the node stops).
+  // Thread-safe.
   void Shutdown();
 
  private:
