@@ -71,10 +71,14 @@ int main(int argc, char** argv) {
   bool criu_restore = false;
   app.add_flag("--criu-restore", criu_restore,
                "Restore every snapshot with CRIU (not silt-restorer)");
-  uint64_t template_mib = o.template_memory_bytes >> 20;
-  app.add_option("--template-memory-mib", template_mib,
-                 "Memory for resident fork templates (0: no fork tier)")
+  uint64_t resident_mib = o.resident_memory_bytes >> 20;
+  app.add_option("--resident-memory-mib", resident_mib,
+                 "Memory that staged restorers and fork templates hold "
+                 "together, least recently started functions' first to go "
+                 "(0: neither; no fork tier)")
       ->capture_default_str();
+  app.add_option("--template-memory-mib", resident_mib,
+                 "Old name of --resident-memory-mib");
   app.add_option("--cpus", o.cpus,
                  "CPU cores this node offers, for placement and as the "
                  "instances' CPU quota together (default: all, no quota)");
@@ -92,7 +96,7 @@ int main(int argc, char** argv) {
   o.memory_bytes = memory_mib << 20;
   o.snapshots = !no_snapshots;
   o.fast_restore = !criu_restore;
-  o.template_memory_bytes = template_mib << 20;
+  o.resident_memory_bytes = resident_mib << 20;
   o.idle_timeout = std::chrono::seconds(idle_s);
   o.report_interval = std::chrono::milliseconds(report_ms);
   o.pulse_interval = std::chrono::milliseconds(pulse_ms);

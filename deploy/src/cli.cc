@@ -284,18 +284,27 @@ void SnapshotList(const Client& c, const std::string& ns,
     std::cout << snaps.dump(2) << std::endl;
     return;
   }
-  std::cout << absl::StrFormat("%-36s\t%-20s\t%-10s\t%-8s\t%s\n", "Snapshot",
-                               "Function", "Size", "Template", "Nodes");
+  std::cout << absl::StrFormat("%-36s\t%-20s\t%-10s\t%-8s\t%-8s\t%s\n",
+                               "Snapshot", "Function", "Size", "Resident",
+                               "Staged", "Nodes");
   for (const auto& sn : snaps) {
     auto nodes = sn.value("nodes", std::vector<std::string>{});
     std::cout << absl::StrFormat(
-        "%-36s\t%-20s\t%-10s\t%-8s\t%s\n", sn.value("id", ""),
+        "%-36s\t%-20s\t%-10s\t%-8s\t%-8s\t%s\n", sn.value("id", ""),
         absl::StrCat(sn.value("name", ""), ".", sn.value("namespace", ""),
                      sn.value("current", false) ? "" : " (old)"),
         absl::StrFormat(
             "%.1fMiB",
             static_cast<double>(sn.value("bytes", uint64_t{0})) / (1 << 20)),
-        sn.value("template", false) ? "yes" : "no",
+        absl::StrFormat("%.1fMiB", static_cast<double>(
+                                       sn.value("residentBytes", uint64_t{0})) /
+                                       (1 << 20)),
+        absl::StrCat(
+            sn.value("staged", false) ? "restorer" : "",
+            sn.value("staged", false) && sn.value("template", false) ? "+" : "",
+            sn.value("template", false) ? "template" : "",
+            sn.value("staged", false) || sn.value("template", false) ? ""
+                                                                     : "-"),
         nodes.empty() ? "-" : absl::StrJoin(nodes, ","));
   }
 }

@@ -1041,7 +1041,9 @@ absl::StatusOr<HttpResponse> Api::ListSnapshots(const HttpRequest& req,
                    {"created", v.created_unix},
                    {"checkpointMs", v.checkpoint_ms},
                    {"nodes", v.nodes},
-                   {"template", v.template_resident}});
+                   {"template", v.template_resident},
+                   {"staged", v.restorer_staged},
+                   {"residentBytes", v.resident_bytes}});
   }
   return HttpResponse::Json(200, JsonText(out));
 }
@@ -1103,9 +1105,13 @@ HttpResponse Api::HandleMetricsPort(const HttpRequest& req) {
   for (const auto& v : nodes_->directory()->List(""))
     for (const auto& s : v.shards)
       ++proclets.shards_by_state[ShardStateName(s.state)];
+  std::vector<ResidentGauge> resident;
+  for (const auto& v : nodes_->Snapshots("", ""))
+    for (const auto& [node, bytes] : v.resident_by_node)
+      resident.push_back({absl::StrCat(v.name, ".", v.ns), node, bytes});
   HttpResponse r = HttpResponse::Empty(200);
   r.SetHeader("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-  r.body = metrics_->Render(replicas, proclets);
+  r.body = metrics_->Render(replicas, proclets, resident);
   if (async_ != nullptr) r.body += async_->RenderMetrics();
   return r;
 }

@@ -116,7 +116,8 @@ double Metrics::InvocationCount(absl::string_view function) const {
 }
 
 std::string Metrics::Render(const std::map<std::string, uint64_t>& replicas,
-                            const ProcletGauges& proclets) const {
+                            const ProcletGauges& proclets,
+                            const std::vector<ResidentGauge>& resident) const {
   std::lock_guard<std::mutex> l(mu_);
   std::string out;
   // `labels` may be empty (a histogram without labels).
@@ -207,6 +208,14 @@ std::string Metrics::Render(const std::map<std::string, uint64_t>& replicas,
     absl::StrAppend(&out, "silt_instance_failures_total{function_name=\"",
                     Escape(k.first), "\",reason=\"", k.second, "\"} ", v, "\n");
   }
+  out +=
+      "# HELP silt_snapshot_resident_bytes Memory a function's staged "
+      "restorer and fork template hold on a node ahead of cold starts\n"
+      "# TYPE silt_snapshot_resident_bytes gauge\n";
+  for (const auto& g : resident)
+    absl::StrAppend(&out, "silt_snapshot_resident_bytes{function_name=\"",
+                    Escape(g.function), "\",node=\"", Escape(g.node), "\"} ",
+                    g.bytes, "\n");
   // ---- memory proclets ----
   out += "# HELP silt_proclets Memory proclets (shards) held by a node\n";
   out += "# TYPE silt_proclets gauge\n";

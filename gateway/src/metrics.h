@@ -26,6 +26,14 @@ struct ProcletGauges {
   std::map<std::string, uint64_t> shards_by_state;  // active, migrating, lost
 };
 
+// What a function's staged restorer and fork template hold resident on a
+// node, as the node last reported it.
+struct ResidentGauge {
+  std::string function;  // name.namespace
+  std::string node;
+  uint64_t bytes = 0;
+};
+
 // One function as the autoscaler last saw it.
 struct ScaleGauge {
   uint64_t target_replicas = 0;
@@ -70,9 +78,10 @@ class Metrics {
   void AutoscalerState(std::map<std::string, ScaleGauge> state);
 
   // The exposition text. `replicas` fills gateway_service_count, `proclets`
-  // the proclet gauges.
+  // the proclet gauges, `resident` silt_snapshot_resident_bytes.
   std::string Render(const std::map<std::string, uint64_t>& replicas,
-                     const ProcletGauges& proclets = {}) const;
+                     const ProcletGauges& proclets = {},
+                     const std::vector<ResidentGauge>& resident = {}) const;
 
  private:
   static constexpr std::array<double, 11> kBuckets = {

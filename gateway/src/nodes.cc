@@ -552,16 +552,21 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   }
 
   // The catalog in the store: key "<id>/<node>", value the SnapshotInfo.
-  // Written when a node's set changes.
+  // Written when a node's set changes (or what it keeps staged), not when
+  // only the bytes it holds resident move: those are kept in memory.
   void RecordSnapshotsLocked(Node& node,
                              std::map<std::string, v1::SnapshotInfo> now) {
     bool same = now.size() == node.snapshots.size();
     for (const auto& [id, info] : now) {
       auto it = node.snapshots.find(id);
       same = same && it != node.snapshots.end() &&
-             it->second.template_resident() == info.template_resident();
+             it->second.template_resident() == info.template_resident() &&
+             it->second.restorer_staged() == info.restorer_staged();
     }
-    if (same) return;
+    if (same) {
+      node.snapshots = std::move(now);
+      return;
+    }
     store::WriteBatch batch;
     for (const auto& [id, info] : node.snapshots)
       if (!now.contains(id))
@@ -1163,10 +1168,17 @@ std::vector<SnapshotView> NodeRegistry::Snapshots(const std::string& ns,
     v.created_unix = info.created_unix();
     v.checkpoint_ms = info.checkpoint_ms();
     auto n = impl_->nodes.find(node);
-    if (n != impl_->nodes.end() && n->second->snapshots.contains(info.id())) {
-      v.nodes.push_back(node);
-      v.template_resident |= info.template_resident();
-    }
+    if (n != impl_->nodes.end())
+      if (auto s = n->second->snapshots.find(info.id());
+          s != n->second->snapshots.end()) {
+        const v1::SnapshotInfo& live = s->second;  // the node's last report
+        v.nodes.push_back(node);
+        v.template_resident |= live.template_resident();
+        v.restorer_staged |= live.restorer_staged();
+        v.resident_bytes += live.resident_bytes();
+        if (live.resident_bytes() > 0)
+          v.resident_by_node[node] = live.resident_bytes();
+      }
     auto fn = impl_->fns.find(Key(v.ns, v.name));
     v.current =
         fn != impl_->fns.end() && fn->second->spec.generation() == v.generation;

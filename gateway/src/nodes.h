@@ -87,7 +87,12 @@ struct SnapshotView {
   double checkpoint_ms = 0;
   std::vector<std::string> nodes;  // online nodes that hold it
   bool template_resident = false;  // a fork template on some node
-  bool current = false;            // of the function's current version
+  bool restorer_staged = false;    // a staged restorer on some node
+  // What its staged restorers and templates hold now, on all nodes, and on
+  // each (the nodes' resident budgets).
+  uint64_t resident_bytes = 0;
+  std::map<std::string, uint64_t> resident_by_node;
+  bool current = false;  // of the function's current version
 };
 
 // One function's load, for the autoscaler.

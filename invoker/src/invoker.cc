@@ -51,6 +51,7 @@
 #include "node_cgroup.h"
 #include "proclet_host.h"
 #include "proclets/bundle.h"
+#include "resident_budget.h"
 #include "sandbox.h"
 #include "seccomp_log.h"
 #include "snapshot/criu.h"
@@ -314,6 +315,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     // A silt-restorer waiting in a ready sandbox for the next restore.
     std::unique_ptr<Instance> restorer;
     bool restorer_starting = false;
+    // The last cold start: which function's staged restorer and template go
+    // first when the resident budget is short (resident_budget.h); what its
+    // restorer and template held when last measured (0: not yet).
+    Clock::time_point last_start;
+    uint64_t restorer_bytes = 0, template_bytes = 0;
   };
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Pool>> pools;  // key ns/name
@@ -1156,9 +1162,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     return absl::OkStatus();
   }
 
-  // Replaces taken restorers at once, and looks for new images every 100 ms.
+  // Replaces taken restorers at once, looks for new images every 100 ms, and
+  // keeps the node within its resident budget (measured once a second).
   void TendLoop() {
-    while (true) {
+    for (uint64_t tick = 0;; ++tick) {
       {
         std::unique_lock<std::mutex> l(stop_mu);
         if (stop_cv.wait_for(l, std::chrono::milliseconds(100),
@@ -1166,6 +1173,13 @@ struct Invoker::Impl final : public v1::Invoker::Service {
             stopping)
           return;
         tend_kick = false;
+      }
+      if (tick % 10 == 0) {  // once a second
+        MeasureResident();
+        std::vector<std::shared_ptr<Template>> dropped;
+        std::lock_guard<std::mutex> l(mu);
+        MakeRoomLocked(nullptr, 0, &dropped);
+        // (the lock goes before `dropped`, declared first, ends templates)
       }
       TendRestorers();
     }
@@ -1179,21 +1193,36 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     stop_cv.notify_all();
   }
 
-  // Keeps one ready restorer per function version that has an image here.
+  // Keeps a ready restorer per function version that has an image here, as
+  // the resident budget allows (the most recently started functions first).
   void TendRestorers() {
     if (!fast_restore_on) return;
     std::vector<std::shared_ptr<Pool>> want;
+    std::vector<std::shared_ptr<Template>> dropped;
     {
       std::lock_guard<std::mutex> l(mu);
+      std::vector<std::shared_ptr<Pool>> candidates;
       for (auto& [key, pool] : pools) {
         if (pool->restorer || pool->restorer_starting ||
             !pool->snapshot_wanted || !images.contains(pool->snapshot_id) ||
             no_fast.contains(pool->snapshot_id))
           continue;
+        candidates.push_back(pool);
+      }
+      std::stable_sort(candidates.begin(), candidates.end(),
+                       [](const auto& a, const auto& b) {
+                         return a->last_start > b->last_start;
+                       });
+      uint64_t admitted = 0;  // restorers of this round, not resident yet
+      for (auto& pool : candidates) {
+        uint64_t need = HeldBytesLocked(*pool, ResidentKind::kRestorer);
+        if (!MakeRoomLocked(pool.get(), admitted + need, &dropped)) continue;
+        admitted += need;
         pool->restorer_starting = true;
         want.push_back(pool);
       }
     }
+    dropped.clear();
     for (auto& pool : want) {
       auto r = SpawnRestorer(*pool, /*ahead=*/true);
       std::lock_guard<std::mutex> l(mu);
@@ -1406,12 +1435,111 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     return -1;
   }
 
-  // Memory of all resident templates.
-  uint64_t TemplateMemoryLocked() {
-    uint64_t total = 0;
-    for (const auto& [key, pool] : pools)
-      if (pool->tmpl) total += pool->tmpl->inst->proc->cgroup().MemoryUsage();
-    return total;
+  // ---- what is held resident ahead of cold starts (resident_budget.h) ----
+
+  // What a pool's restorer or template holds (or would): as last measured,
+  // else its image's size (a restorer maps all of it).
+  uint64_t HeldBytesLocked(const Pool& pool, ResidentKind kind) {
+    uint64_t measured = kind == ResidentKind::kRestorer ? pool.restorer_bytes
+                                                        : pool.template_bytes;
+    if (measured > 0) return measured;
+    auto it = images.find(pool.snapshot_id);
+    return it != images.end() ? it->second.bytes : 0;
+  }
+
+  // Measures what the restorers and templates hold (PSS: they share their
+  // image's pages), off the lock; the tender does it once a second.
+  void MeasureResident() {
+    struct Probe {
+      std::shared_ptr<Pool> pool;
+      ResidentKind kind;
+      pid_t pid;
+      uint64_t bytes = 0;
+    };
+    std::vector<Probe> probes;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (auto& [key, pool] : pools) {
+        if (pool->restorer)
+          probes.push_back(
+              {pool, ResidentKind::kRestorer, pool->restorer->proc->pid()});
+        if (pool->tmpl)
+          probes.push_back(
+              {pool, ResidentKind::kTemplate, pool->tmpl->inst->proc->pid()});
+      }
+    }
+    for (auto& p : probes) p.bytes = ProportionalSetBytes(p.pid);
+    std::lock_guard<std::mutex> l(mu);
+    for (const auto& p : probes) {
+      if (p.bytes == 0) continue;  // gone meanwhile
+      (p.kind == ResidentKind::kRestorer ? p.pool->restorer_bytes
+                                         : p.pool->template_bytes) = p.bytes;
+    }
+  }
+
+  struct Resident {
+    std::shared_ptr<Pool> pool;
+    ResidentHolder holder;
+  };
+  std::vector<Resident> ResidentLocked() {
+    std::vector<Resident> out;
+    for (auto& [key, pool] : pools) {
+      if (pool->restorer)
+        out.push_back({pool,
+                       {ResidentKind::kRestorer,
+                        HeldBytesLocked(*pool, ResidentKind::kRestorer),
+                        pool->last_start}});
+      if (pool->tmpl)
+        out.push_back({pool,
+                       {ResidentKind::kTemplate,
+                        HeldBytesLocked(*pool, ResidentKind::kTemplate),
+                        std::max(pool->last_start, pool->tmpl->last_used)}});
+    }
+    return out;
+  }
+
+  // Makes room for `need` more bytes for `pool` (null: brings the node back
+  // under its budget) by letting go of the holders of functions started less
+  // recently. Restorers go to the reaper; templates end in `dropped`, outside
+  // the lock (clones keep theirs alive until they end). False: no room.
+  bool MakeRoomLocked(const Pool* pool, uint64_t need,
+                      std::vector<std::shared_ptr<Template>>* dropped) {
+    std::vector<Resident> resident = ResidentLocked();
+    std::vector<ResidentHolder> holders;
+    for (const auto& r : resident) holders.push_back(r.holder);
+    auto plan = PlanEviction(
+        holders, options.resident_memory_bytes, need,
+        pool != nullptr ? pool->last_start : Clock::time_point::max());
+    if (!plan) return false;
+    for (size_t i : *plan) {
+      Pool& p = *resident[i].pool;
+      const ResidentHolder& h = resident[i].holder;
+      logs.Append(
+          Key(p.spec.namespace_(), p.spec.name()), "invoker",
+          absl::StrCat("silt: ", ResidentKindName(h.kind), " (", h.bytes >> 20,
+                       " MiB) let go: the node's resident budget (",
+                       options.resident_memory_bytes >> 20,
+                       " MiB) went to functions started more "
+                       "recently"));
+      if (h.kind == ResidentKind::kRestorer) {
+        if (p.restorer) graveyard.push_back(std::move(p.restorer));
+      } else if (p.tmpl) {
+        dropped->push_back(std::move(p.tmpl));
+        p.template_retry_after = Clock::now() + std::chrono::minutes(1);
+      }
+    }
+    return true;
+  }
+
+  // What the images' holders hold here, by image id (for the reports).
+  std::map<std::string, std::pair<uint64_t, bool>> ResidentByImageLocked() {
+    std::map<std::string, std::pair<uint64_t, bool>> out;  // bytes, staged
+    for (const auto& r : ResidentLocked()) {
+      auto& [bytes, staged] = out[r.pool->snapshot_id];
+      bytes += r.holder.bytes;
+      staged |= r.holder.kind == ResidentKind::kRestorer;
+    }
+    return out;
   }
 
   // Starts an instance for a call that found none idle: fork from the
@@ -1419,6 +1547,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // else boot (and take the snapshot). `force` picks one tier.
   absl::StatusOr<std::unique_ptr<Instance>> StartFresh(
       std::shared_ptr<Pool> pool, ColdStart force = ColdStart::kAny) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      pool->last_start = Clock::now();
+    }
     if (force == ColdStart::kBoot || !pool->snapshot_wanted) {
       if (force != ColdStart::kAny && force != ColdStart::kBoot)
         return absl::FailedPreconditionError(absl::StrCat(
@@ -1435,7 +1567,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       t = pool->tmpl;
     }
     if (t == nullptr && force == ColdStart::kFork) {
-      if (!pool->forkable || options.template_memory_bytes == 0)
+      if (!pool->forkable || options.resident_memory_bytes == 0)
         return absl::FailedPreconditionError(absl::StrCat(
             "function ", pool->spec.name(), " has no fork tier here"));
       if (auto s = EnsureTemplate(pool); !s.ok()) return s;
@@ -1562,26 +1694,22 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // Keeps templates for functions that have images and recent cold starts,
   // within the memory budget (least recently used go first).
   void TendTemplates() {
-    if (!snapshots_on || options.template_memory_bytes == 0) return;
+    if (!snapshots_on || options.resident_memory_bytes == 0) return;
     std::vector<std::shared_ptr<Pool>> want;
     std::vector<std::shared_ptr<Template>> evicted;
     {
       std::lock_guard<std::mutex> l(mu);
+      MakeRoomLocked(nullptr, 0, &evicted);
+      uint64_t admitted = 0;  // templates of this round, not resident yet
       for (auto& [key, pool] : pools) {
-        if (pool->snapshot_wanted && pool->forkable && !pool->tmpl &&
-            !pool->template_starting && images.contains(pool->snapshot_id) &&
-            Clock::now() >= pool->template_retry_after)
-          want.push_back(pool);
-      }
-      while (TemplateMemoryLocked() > options.template_memory_bytes) {
-        std::shared_ptr<Pool> oldest;
-        for (auto& [key, pool] : pools)
-          if (pool->tmpl &&
-              (!oldest || pool->tmpl->last_used < oldest->tmpl->last_used))
-            oldest = pool;
-        if (!oldest) break;
-        evicted.push_back(std::move(oldest->tmpl));
-        oldest->template_retry_after = Clock::now() + std::chrono::minutes(1);
+        if (!pool->snapshot_wanted || !pool->forkable || pool->tmpl ||
+            pool->template_starting || !images.contains(pool->snapshot_id) ||
+            Clock::now() < pool->template_retry_after)
+          continue;
+        uint64_t need = HeldBytesLocked(*pool, ResidentKind::kTemplate);
+        if (!MakeRoomLocked(pool.get(), admitted + need, &evicted)) continue;
+        admitted += need;
+        want.push_back(pool);
       }
     }
     evicted.clear();  // (clones keep theirs alive until they end)
@@ -2206,6 +2334,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     std::set<std::string> resident;
     for (const auto& [key, pool] : pools)
       if (pool->tmpl) resident.insert(pool->tmpl->snapshot_id);
+    auto held = ResidentByImageLocked();
     for (const auto& [id, m] : images) {
       auto* info = r.add_snapshots();
       info->set_id(id);
@@ -2216,6 +2345,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       info->set_created_unix(m.created_unix);
       info->set_checkpoint_ms(m.checkpoint_ms);
       info->set_template_resident(resident.contains(id));
+      if (auto it = held.find(id); it != held.end()) {
+        info->set_resident_bytes(it->second.first);
+        info->set_restorer_staged(it->second.second);
+      }
     }
     return r;
   }

@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   auto inv =
       Process::Start({SILT_INVOKER_BIN, "--gateway", gw->grpc_address(),
                       "--listen", "127.0.0.1:0", "--data-dir", dir + "/node",
-                      "--node-name", "bench", "--template-memory-mib", "2048"});
+                      "--node-name", "bench", "--resident-memory-mib", "2048"});
   if (!inv.ok() ||
       !inv->WaitForLine("listening on ", std::chrono::seconds(30)).ok()) {
     fprintf(stderr, "invoker did not start\n");

@@ -748,6 +748,68 @@ TEST_F(SnapshotTest, RestorerMapsTheImageAndCriuRestoresItToo) {
   EXPECT_FALSE(absl::StrContains(r.body, "/pages-1.img")) << r.body;
 }
 
+// Staged restorers and fork templates share the node's resident budget:
+// with more functions than fit, what stays resident is within it, and it
+// belongs to the functions that started last.
+TEST_F(SnapshotTest, ResidentBudgetKeepsTheMostRecentlyStartedFunctions) {
+  constexpr uint64_t kBudgetMiB = 48;
+  invokers_["node-a"]->Stop(SIGTERM);
+  invokers_.erase("node-a");
+  StartInvoker("node-a", {"--resident-memory-mib", std::to_string(kBudgetMiB)});
+  WaitNodes(1);
+  const std::vector<std::string> fns = {"p1", "p2", "p3", "p4"};
+  for (const auto& f : fns) {
+    Deploy({{"service", f}, {"envVars", {{"STATE_MB", "16"}}}});
+    ASSERT_EQ(Invoke("GET", "/function/" + f + "/heap").body, "16 MiB intact");
+    WaitSnapshot(f);
+  }
+  // Restored in order: p4 started last.
+  for (const auto& f : fns) {
+    auto r = Cold("restore", "/function/" + f + "/heap");
+    EXPECT_EQ(r.body, "16 MiB intact") << f;
+  }
+  json all;
+  auto field = [&](const std::string& f, const char* name) -> json {
+    for (const auto& s : all)
+      if (s.value("name", "") == f && s.value("current", false))
+        return s.value(name, json());
+    return json();
+  };
+  uint64_t total = 0;
+  int staged = 0;
+  EXPECT_TRUE(Eventually([&] {
+    all = json::parse(gw_->Call("GET", "/system/snapshots").body);
+    total = 0;
+    staged = 0;
+    for (const auto& f : fns) {
+      total += field(f, "residentBytes").get<uint64_t>();
+      staged += field(f, "staged").get<bool>() ? 1 : 0;
+    }
+    return total > 0 && total <= (kBudgetMiB << 20) &&
+           field("p4", "staged").get<bool>() &&
+           !field("p1", "staged").get<bool>();
+  })) << all.dump();
+  // A staged restorer holds its image (over 16 MiB): not all four fit.
+  EXPECT_LT(staged, 4) << all.dump();
+  EXPECT_LE(total, kBudgetMiB << 20) << all.dump();
+  // What the catalog says is what the node holds: its restorers' and
+  // templates' memory, and every function still answers (p1 restores
+  // without a staged restorer).
+  auto r = Cold("restore", "/function/p1/heap");
+  EXPECT_EQ(r.body, "16 MiB intact");
+  EXPECT_EQ(r.Header("X-Silt-Start"), "restore");
+  auto metrics = deploy::Send({.url = gw_->metrics_url() + "/metrics"}).value();
+  EXPECT_TRUE(absl::StrContains(
+      metrics.body,
+      "silt_snapshot_resident_bytes{function_name=\"p4.openfaas-fn\","
+      "node=\"node-a\"}"))
+      << metrics.body;
+  auto l = Silt({"snapshot", "list"});
+  EXPECT_TRUE(absl::StrContains(l.out, "Resident")) << l.out;
+  auto logs = Silt({"logs", "p1"});
+  EXPECT_TRUE(absl::StrContains(logs.out, "resident budget")) << logs.out;
+}
+
 TEST_F(SnapshotTest, TenConcurrentColdStartsRestoreFromOneImage) {
   Deploy({{"service", "probe"}});
   ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);

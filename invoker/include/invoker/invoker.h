@@ -37,8 +37,11 @@ struct Options {
   // Restore images with silt-restorer (maps the image's pages, no CRIU on
   // the critical path) when it is installed and the image allows; else CRIU.
   bool fast_restore = true;
-  // Memory the resident fork templates may use together; 0: no templates.
-  uint64_t template_memory_bytes = uint64_t{1} << 30;
+  // Memory that staged restorers and fork templates hold together, ahead of
+  // cold starts (the least recently started functions' go first when more
+  // must fit); 0: neither (restores map their image when the call comes; no
+  // fork tier).
+  uint64_t resident_memory_bytes = uint64_t{1} << 30;
   // This node's capacity: reported to the gateway (placement) and enforced
   // on the instances together by their parent cgroup (silt/<node id>: CPU
   // quota and memory limit; each instance's own limits apply below it). 0:
