@@ -931,6 +931,10 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
                                            call->call.name, "'s spec"));
     if (absl::IsUnavailable(s) && call->tried.size() < 3 && !shutting_down) {
       // The node went away (or is not ready): try another one.
+      fprintf(stderr,
+              "silt-gateway: call to %s on node %s: %s; trying another\n",
+              call->call.name.c_str(), call->node->name.c_str(),
+              std::string(s.message()).c_str());
       call->node.reset();
       return Dispatch(std::move(call));
     }

@@ -118,6 +118,12 @@ std::string DataKey::Hello() const {
 
 bool DataKey::Matches(std::string_view key) const {
   absl::MutexLock l(&mu_);
+  // A node that has just registered may be called before its first
+  // assignment (which carries the key) is applied.
+  mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](const std::string* k) { return !k->empty(); }, &key_),
+      kKeyWait);
   if (key_.empty() || key.size() != key_.size()) return false;
   unsigned char diff = 0;  // constant time
   for (size_t i = 0; i < key.size(); ++i) diff |= key[i] ^ key_[i];

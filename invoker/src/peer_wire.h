@@ -23,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "frames.h"
 #include "silt/state_wire.h"
 
@@ -150,9 +151,10 @@ class DataKey {
   void Set(const std::string& key);
   // The first frame of a connection to a peer; empty until the key is known.
   std::string Hello() const;
-  // Whether `key` is the cluster's key (compared in constant time); false
-  // until the key is known.
+  // Whether `key` is the cluster's key (compared in constant time). Until
+  // the key is known it waits for it, up to kKeyWait, then says false.
   bool Matches(std::string_view key) const;
+  static constexpr absl::Duration kKeyWait = absl::Seconds(5);
 
  private:
   mutable absl::Mutex mu_;

@@ -15,10 +15,21 @@
 // every tier but burst are --gap-ms apart (independent cold starts, as they
 // arrive when a function has no idle instance).
 //
-//   sudo build/tests/bench/bench_coldstart [--runs 30] [--sizes 1,64,256]
-//                                          [--gap-ms 50]
+// Then density (--density N functions, 0 skips it): N functions with 16 MiB
+// of init state each, deployed on one fresh node, and N cold starts spread
+// over them in a random order, the same order twice: once on a node as Silt
+// runs by default (staged restorers and templates within the default
+// resident budget), once on the same node restarted as the libcriu baseline
+// (--criu-restore --resident-memory-mib 0: every restore is libcriu's, nothing
+// is held ahead). Each reports restore p50/p99 and what the node's processes
+// hold afterwards (PSS of the invoker and everything under it), next to the
+// single-function restore p50 of one of the same functions on the same node.
 //
-// Last line: restore_speedup_vs_criu_64MiB=<criu p50 / restore p50>.
+//   sudo build/tests/bench/bench_coldstart [--runs 30] [--sizes 1,64,256]
+//                                          [--gap-ms 50] [--density 200]
+//
+// Ends with name=value lines: restore_speedup_vs_criu_64MiB=<criu p50 /
+// restore p50>, density_restore_p50_over_single=... and the density figures.
 #include <signal.h>
 #include <unistd.h>
 
@@ -28,10 +39,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -55,10 +69,134 @@ double Pct(std::vector<double> v, double p) {
   return v[std::min(i, v.size() - 1)];
 }
 
+// What the invoker `pid` and every process under it hold (PSS, MiB).
+double NodePssMiB(pid_t pid) {
+  std::map<pid_t, pid_t> parent;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    pid_t p = 0;
+    if (!absl::SimpleAtoi(e.path().filename().string(), &p)) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), {});
+    size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> f =
+        absl::StrSplit(stat.substr(close + 2), ' ', absl::SkipEmpty());
+    pid_t pp = 0;
+    if (f.size() > 1 && absl::SimpleAtoi(f[1], &pp)) parent[p] = pp;
+  }
+  double kib = 0;
+  for (const auto& [p, pp] : parent) {
+    pid_t a = p;
+    for (int depth = 0; a > 1 && a != pid && depth < 64; ++depth)
+      a = parent.contains(a) ? parent[a] : 0;
+    if (a != pid) continue;
+    std::ifstream in(absl::StrCat("/proc/", p, "/smaps_rollup"));
+    std::string line;
+    while (std::getline(in, line)) {
+      double v = 0;
+      if (line.rfind("Pss:", 0) == 0 &&
+          absl::SimpleAtod(
+              absl::StripAsciiWhitespace(line.substr(4, line.size() - 4 - 3)),
+              &v)) {
+        kib += v;
+        break;
+      }
+    }
+  }
+  return kib / 1024;
+}
+
 struct Samples {
   std::vector<double> e2e, start;
   int errors = 0;
 };
+
+// One cold start of `fn` forced to `tier`: e2e ms, or a negative value on
+// an error (printed once per phase by the caller).
+double ColdStart(GatewayProcess& gw, const std::string& fn,
+                 const std::string& tier, std::string* error) {
+  auto t0 = Clock::now();
+  auto r = gw.Call("GET", "/function/" + fn + "/heap", "", false,
+                   {{"X-Silt-Cold-Start", tier}});
+  double ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  std::string started(r.Header("X-Silt-Start"));
+  if (r.status == 200 && (started == "restore" || started == "criu")) return ms;
+  *error = absl::StrCat(fn, ": ", r.status, " ", started, " ", r.body);
+  return -1;
+}
+
+struct DensityPhase {
+  double single_p50 = 0, p50 = 0, p99 = 0, pss_mib = 0;
+  int errors = 0;
+};
+
+// Density: see the file comment. `order` indexes the functions dense0...
+DensityPhase RunDensityPhase(GatewayProcess& gw, Process& node, int n,
+                             const std::vector<int>& order, int runs,
+                             int gap_ms) {
+  DensityPhase out;
+  std::string error;
+  auto note = [&](double ms, std::vector<double>* into) {
+    if (ms >= 0) {
+      if (into) into->push_back(ms);
+      return;
+    }
+    if (out.errors++ == 0) fprintf(stderr, "density: %s\n", error.c_str());
+  };
+  // Every image once, untimed: both nodes start from the same state (images
+  // verified, in the page cache).
+  for (int i = 0; i < n; ++i)
+    note(ColdStart(gw, absl::StrCat("dense", i), "restore", &error), nullptr);
+  std::vector<double> single, spread;
+  for (int i = 0; i < runs; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+    note(ColdStart(gw, "dense0", "restore", &error), &single);
+  }
+  for (int i : order) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+    note(ColdStart(gw, absl::StrCat("dense", i), "restore", &error), &spread);
+  }
+  out.single_p50 = Pct(single, 0.5);
+  out.p50 = Pct(spread, 0.5);
+  out.p99 = Pct(spread, 0.99);
+  out.pss_mib = NodePssMiB(node.pid());
+  return out;
+}
+
+// Waits until the gateway lists the node "dense".
+bool WaitDenseNode(GatewayProcess& gw) {
+  for (int t = 0; t < 300; ++t) {
+    json j = json::parse(gw.Call("GET", "/system/nodes").body, nullptr, false);
+    for (const auto& n : j)
+      if (n.is_object() && n.value("name", "") == "dense") return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+std::unique_ptr<Process> StartDenseNode(GatewayProcess& gw,
+                                        const std::string& dir,
+                                        std::vector<std::string> extra) {
+  std::vector<std::string> argv = {SILT_INVOKER_BIN,
+                                   "--gateway",
+                                   gw.grpc_address(),
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--data-dir",
+                                   dir + "/dense",
+                                   "--node-name",
+                                   "dense",
+                                   "--idle-timeout",
+                                   "1"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto p = Process::Start(argv);
+  if (!p.ok() ||
+      !p->WaitForLine("listening on ", std::chrono::seconds(30)).ok() ||
+      !WaitDenseNode(gw))
+    return nullptr;
+  return std::make_unique<Process>(*std::move(p));
+}
 
 }  // namespace
 
@@ -66,10 +204,12 @@ int main(int argc, char** argv) {
   int runs = 30;
   int gap_ms = 50;
   std::vector<int> sizes = {1, 64, 256};
+  int density = 200;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--runs") runs = std::atoi(argv[i + 1]);
     if (a == "--gap-ms") gap_ms = std::atoi(argv[i + 1]);
+    if (a == "--density") density = std::atoi(argv[i + 1]);
     if (a == "--sizes") {
       sizes.clear();
       for (auto s : absl::StrSplit(argv[i + 1], ','))
@@ -193,6 +333,83 @@ int main(int argc, char** argv) {
     printf(
         "restore_speedup_vs_criu_64MiB=%.2f\n",
         Pct(r["criu"].e2e, 0.5) / std::max(1e-9, Pct(r["restore"].e2e, 0.5)));
+  }
+  if (density > 0) {
+    // The functions go to a node of their own ("dense"), as Silt runs by
+    // default; each boots once and is checkpointed.
+    auto dense = StartDenseNode(*gw, dir, {});
+    if (dense == nullptr) {
+      fprintf(stderr, "density: the node did not start\n");
+      return 1;
+    }
+    for (int i = 0; i < density; ++i) {
+      json d = {{"service", absl::StrCat("dense", i)},
+                {"image", image},
+                {"constraints", json::array({"node.name==dense"})},
+                {"envVars", {{"STATE_MB", "16"}}}};
+      int code = 0;
+      for (int t = 0; t < 100 && code != 200; ++t) {  // until the node is up
+        code = gw->Call("POST", "/system/functions", d.dump()).status;
+        if (code == 200) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      auto r = gw->Call("GET", absl::StrCat("/function/dense", i, "/heap"), "",
+                        false);
+      if (code != 200 || r.status != 200) {
+        fprintf(stderr, "density: dense%d: %d %s\n", i, r.status,
+                r.body.c_str());
+        return 1;
+      }
+    }
+    for (int t = 0; t < 1200; ++t) {  // every snapshot in the catalog
+      json j = json::parse(gw->Call("GET", "/system/snapshots").body, nullptr,
+                           false);
+      int n = 0;
+      for (const auto& s : j)
+        if (absl::StartsWith(s.value("name", ""), "dense") &&
+            s.value("current", false))
+          ++n;
+      if (n >= density) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    std::mt19937 rng(42);
+    std::vector<int> order;
+    for (int i = 0; i < density; ++i) order.push_back(i);
+    std::shuffle(order.begin(), order.end(), rng);
+    DensityPhase silt =
+        RunDensityPhase(*gw, *dense, density, order, runs, gap_ms);
+    dense->Stop(SIGTERM);
+    dense = StartDenseNode(*gw, dir,
+                           {"--criu-restore", "--resident-memory-mib", "0"});
+    if (dense == nullptr) {
+      fprintf(stderr, "density: the baseline node did not start\n");
+      return 1;
+    }
+    for (int t = 0; t < 300; ++t) {  // registered again
+      std::string e;
+      if (ColdStart(*gw, "dense0", "restore", &e) >= 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    DensityPhase criu =
+        RunDensityPhase(*gw, *dense, density, order, runs, gap_ms);
+    dense->Stop(SIGTERM);
+    printf(
+        "\ndensity: %d functions x 16 MiB on one node, %d cold starts in "
+        "random order\n",
+        density, density);
+    printf("%-8s %14s %12s %12s %14s %7s\n", "node", "single_p50_ms", "p50_ms",
+           "p99_ms", "node_pss_mib", "errors");
+    for (const auto& [name, d] :
+         {std::pair<const char*, DensityPhase&>{"silt", silt}, {"criu", criu}})
+      printf("%-8s %14.2f %12.2f %12.2f %14.1f %7d\n", name, d.single_p50,
+             d.p50, d.p99, d.pss_mib, d.errors);
+    printf("density_restore_p50_over_single=%.2f\n",
+           silt.p50 / std::max(1e-9, silt.single_p50));
+    printf("density_restore_speedup_vs_criu=%.2f\n",
+           criu.p50 / std::max(1e-9, silt.p50));
+    printf("density_restore_p99_ms=%.2f\n", silt.p99);
+    printf("density_node_pss_mib_silt=%.1f\n", silt.pss_mib);
+    printf("density_node_pss_mib_criu=%.1f\n", criu.pss_mib);
   }
   inv->Stop(SIGTERM);
   gw->Stop(SIGTERM);
