@@ -320,6 +320,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     // restorer and template held when last measured (0: not yet).
     Clock::time_point last_start;
     uint64_t restorer_bytes = 0, template_bytes = 0;
+    // Whether its staged restorer has the image's pages faulted in (else it
+    // only mapped them: a few hundred KiB instead of the image's size, and
+    // the first call faults in what it touches); what such a one held.
+    bool restorer_populated = false;
+    uint64_t light_restorer_bytes = 0;
   };
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Pool>> pools;  // key ns/name
@@ -1087,11 +1092,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   // A silt-restorer in a sandbox of `pool`'s function: namespaces, cgroup,
-  // mounts, credentials and seccomp ready, the image mapped. `ahead`: staged
-  // before any call needs it, so it also fills the page tables (the first
-  // call then takes no page faults); for a call waiting now it does not.
+  // mounts, credentials and seccomp ready, the image mapped. `populate`: it
+  // also fills the page tables (the first call then takes no page faults),
+  // for restorers staged ahead while the resident budget has room for it.
   absl::StatusOr<std::unique_ptr<Instance>> SpawnRestorer(Pool& pool,
-                                                          bool ahead) {
+                                                          bool populate) {
     auto plan = PlanFor(pool.snapshot_id);
     if (!plan.ok()) return plan.status();
     auto inst = NewInstance(pool.spec);
@@ -1122,7 +1127,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     auto listener = ListenIn(inst->base_dir + "/run", inst->host_id);
     if (!listener.ok()) return listener.status();
     inst->listener = *listener;
-    if (auto st = StageRestorer(*inst, **plan, ahead); !st.ok()) {
+    if (auto st = StageRestorer(*inst, **plan, populate); !st.ok()) {
       NoFastRestore(pool.snapshot_id);
       return st;
     }
@@ -1213,22 +1218,69 @@ struct Invoker::Impl final : public v1::Invoker::Service {
                        [](const auto& a, const auto& b) {
                          return a->last_start > b->last_start;
                        });
-      uint64_t admitted = 0;  // restorers of this round, not resident yet
+      // One per pass, the most recently started function's first: a
+      // function whose restorer was just used never waits behind a long
+      // list (each takes a sandbox start); the next pass comes at once.
+      // Populated while those take at most half the budget (and there is
+      // room), else only mapped: many functions each get a restorer that
+      // saves the sandbox start, the most recent also their page faults.
       for (auto& pool : candidates) {
-        uint64_t need = HeldBytesLocked(*pool, ResidentKind::kRestorer);
-        if (!MakeRoomLocked(pool.get(), admitted + need, &dropped)) continue;
-        admitted += need;
+        bool populate = true;
+        if (!MakePopulatedRoomLocked(*pool) ||
+            !MakeRoomLocked(pool.get(), RestorerBytesLocked(*pool, true),
+                            &dropped)) {
+          populate = false;
+          if (!MakeRoomLocked(pool.get(), RestorerBytesLocked(*pool, false),
+                              &dropped))
+            continue;
+        }
         pool->restorer_starting = true;
+        pool->restorer_populated = populate;
         want.push_back(pool);
+        break;
       }
     }
     dropped.clear();
+    bool staged = false;
     for (auto& pool : want) {
-      auto r = SpawnRestorer(*pool, /*ahead=*/true);
+      bool populate;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        populate = pool->restorer_populated;
+      }
+      auto r = SpawnRestorer(*pool, populate);
       std::lock_guard<std::mutex> l(mu);
       pool->restorer_starting = false;
+      staged = r.ok();
       if (r.ok()) pool->restorer = *std::move(r);
     }
+    if (staged) KickTender();  // (a failed one is tried again in 100 ms)
+  }
+
+  // Whether a populated restorer of `pool` fits in the half of the budget
+  // populated ones may take, after those of functions started less recently
+  // than it go (they come back only mapped).
+  bool MakePopulatedRoomLocked(const Pool& pool) {
+    const uint64_t share = options.resident_memory_bytes / 2;
+    uint64_t populated = 0;
+    std::vector<Pool*> older;
+    for (const auto& [key, p] : pools) {
+      if (!p->restorer || !p->restorer_populated) continue;
+      populated += RestorerBytesLocked(*p, true);
+      if (p->last_start < pool.last_start) older.push_back(p.get());
+    }
+    const uint64_t need = RestorerBytesLocked(pool, true);
+    std::sort(older.begin(), older.end(),
+              [](Pool* a, Pool* b) { return a->last_start < b->last_start; });
+    uint64_t freeable = 0;
+    for (Pool* p : older) freeable += RestorerBytesLocked(*p, true);
+    if (need > share || populated - freeable + need > share) return false;
+    for (Pool* p : older) {
+      if (populated + need <= share) break;
+      populated -= RestorerBytesLocked(*p, true);
+      graveyard.push_back(std::move(p->restorer));
+    }
+    return true;
   }
 
   // Restore by silt-restorer: hand the ready restorer the plan and the pages
@@ -1243,7 +1295,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       inst = std::move(pool.restorer);
     }
     if (inst == nullptr) {
-      auto r = SpawnRestorer(pool, /*ahead=*/false);
+      auto r = SpawnRestorer(pool, /*populate=*/false);
       if (!r.ok()) return r.status();
       inst = *std::move(r);
     }
@@ -1440,9 +1492,22 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // What a pool's restorer or template holds (or would): as last measured,
   // else its image's size (a restorer maps all of it).
   uint64_t HeldBytesLocked(const Pool& pool, ResidentKind kind) {
-    uint64_t measured = kind == ResidentKind::kRestorer ? pool.restorer_bytes
-                                                        : pool.template_bytes;
+    if (kind == ResidentKind::kRestorer)
+      return RestorerBytesLocked(pool, pool.restorer_populated);
+    uint64_t measured = pool.template_bytes;
     if (measured > 0) return measured;
+    auto it = images.find(pool.snapshot_id);
+    return it != images.end() ? it->second.bytes : 0;
+  }
+
+  // A staged restorer of `pool`, populated or only mapped: as last measured,
+  // else its image's size or (only mapped) kMappedRestorerBytes.
+  static constexpr uint64_t kMappedRestorerBytes = 2 << 20;
+  uint64_t RestorerBytesLocked(const Pool& pool, bool populated) {
+    uint64_t measured =
+        populated ? pool.restorer_bytes : pool.light_restorer_bytes;
+    if (measured > 0) return measured;
+    if (!populated) return kMappedRestorerBytes;
     auto it = images.find(pool.snapshot_id);
     return it != images.end() ? it->second.bytes : 0;
   }
@@ -1472,8 +1537,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     std::lock_guard<std::mutex> l(mu);
     for (const auto& p : probes) {
       if (p.bytes == 0) continue;  // gone meanwhile
-      (p.kind == ResidentKind::kRestorer ? p.pool->restorer_bytes
-                                         : p.pool->template_bytes) = p.bytes;
+      if (p.kind == ResidentKind::kTemplate)
+        p.pool->template_bytes = p.bytes;
+      else if (p.pool->restorer_populated)
+        p.pool->restorer_bytes = p.bytes;
+      else
+        p.pool->light_restorer_bytes = p.bytes;
     }
   }
 

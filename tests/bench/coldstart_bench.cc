@@ -16,7 +16,8 @@
 // arrive when a function has no idle instance).
 //
 // Then density (--density N functions, 0 skips it): N functions with 16 MiB
-// of init state each, deployed on one fresh node, and N cold starts spread
+// of init state each, deployed on one fresh node and scaled to zero (each
+// phase starts with no instance running), and N cold starts spread
 // over them in a random order, the same order twice: once on a node as Silt
 // runs by default (staged restorers and templates within the default
 // resident budget), once on the same node restarted as the libcriu baseline
@@ -126,6 +127,20 @@ double ColdStart(GatewayProcess& gw, const std::string& fn,
   return -1;
 }
 
+// Waits until the node "dense" runs no instance (they were scaled to zero
+// and end after a second idle), so that a phase starts on a quiet node.
+void WaitDenseIdle(GatewayProcess& gw) {
+  for (int t = 0; t < 600; ++t) {
+    json j = json::parse(gw.Call("GET", "/system/nodes").body, nullptr, false);
+    for (const auto& n : j)
+      if (n.is_object() && n.value("name", "") == "dense" &&
+          n.value("instances", 1) == 0)
+        return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  fprintf(stderr, "density: instances still running on the node\n");
+}
+
 struct DensityPhase {
   double single_p50 = 0, p50 = 0, p99 = 0, pss_mib = 0;
   int errors = 0;
@@ -148,11 +163,13 @@ DensityPhase RunDensityPhase(GatewayProcess& gw, Process& node, int n,
   // verified, in the page cache).
   for (int i = 0; i < n; ++i)
     note(ColdStart(gw, absl::StrCat("dense", i), "restore", &error), nullptr);
+  WaitDenseIdle(gw);
   std::vector<double> single, spread;
   for (int i = 0; i < runs; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
     note(ColdStart(gw, "dense0", "restore", &error), &single);
   }
+  WaitDenseIdle(gw);
   for (int i : order) {
     std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
     note(ColdStart(gw, absl::StrCat("dense", i), "restore", &error), &spread);
@@ -360,6 +377,11 @@ int main(int argc, char** argv) {
                 r.body.c_str());
         return 1;
       }
+      // Scaled to zero, as a function that is not being called would be:
+      // no warm replica waits, every call below is a cold start.
+      json zero = {{"serviceName", absl::StrCat("dense", i)}, {"replicas", 0}};
+      gw->Call("POST", absl::StrCat("/system/scale-function/dense", i),
+               zero.dump());
     }
     for (int t = 0; t < 1200; ++t) {  // every snapshot in the catalog
       json j = json::parse(gw->Call("GET", "/system/snapshots").body, nullptr,
