@@ -1226,9 +1226,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       // saves the sandbox start, the most recent also their page faults.
       for (auto& pool : candidates) {
         bool populate = true;
-        if (!MakePopulatedRoomLocked(*pool) ||
-            !MakeRoomLocked(pool.get(), RestorerBytesLocked(*pool, true),
-                            &dropped)) {
+        uint64_t whole = RestorerBytesLocked(*pool, true);
+        if (!MakeFullRoomLocked(*pool, whole, &dropped) ||
+            !MakeRoomLocked(pool.get(), whole, &dropped)) {
           populate = false;
           if (!MakeRoomLocked(pool.get(), RestorerBytesLocked(*pool, false),
                               &dropped))
@@ -1257,28 +1257,51 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (staged) KickTender();  // (a failed one is tried again in 100 ms)
   }
 
-  // Whether a populated restorer of `pool` fits in the half of the budget
-  // populated ones may take, after those of functions started less recently
-  // than it go (they come back only mapped).
-  bool MakePopulatedRoomLocked(const Pool& pool) {
+  // Whether `need` more bytes of image held whole for `pool` (a populated
+  // restorer or a template) fit in the half of the budget those may take,
+  // after the ones of functions started less recently go (their restorers
+  // come back only mapping the image; their templates in a minute, if
+  // there is room then).
+  bool MakeFullRoomLocked(const Pool& pool, uint64_t need,
+                          std::vector<std::shared_ptr<Template>>* dropped) {
     const uint64_t share = options.resident_memory_bytes / 2;
-    uint64_t populated = 0;
-    std::vector<Pool*> older;
+    struct Full {
+      Pool* pool;
+      ResidentKind kind;
+      uint64_t bytes;
+      Clock::time_point used;
+    };
+    uint64_t held = 0, freeable = 0;
+    std::vector<Full> older;
     for (const auto& [key, p] : pools) {
-      if (!p->restorer || !p->restorer_populated) continue;
-      populated += RestorerBytesLocked(*p, true);
-      if (p->last_start < pool.last_start) older.push_back(p.get());
+      std::vector<Full> mine;
+      if (p->restorer && p->restorer_populated)
+        mine.push_back({p.get(), ResidentKind::kRestorer,
+                        RestorerBytesLocked(*p, true), p->last_start});
+      if (p->tmpl)
+        mine.push_back({p.get(), ResidentKind::kTemplate,
+                        HeldBytesLocked(*p, ResidentKind::kTemplate),
+                        std::max(p->last_start, p->tmpl->last_used)});
+      for (const auto& f : mine) {
+        held += f.bytes;
+        if (f.used < pool.last_start) {
+          freeable += f.bytes;
+          older.push_back(f);
+        }
+      }
     }
-    const uint64_t need = RestorerBytesLocked(pool, true);
+    if (need > share || held - freeable + need > share) return false;
     std::sort(older.begin(), older.end(),
-              [](Pool* a, Pool* b) { return a->last_start < b->last_start; });
-    uint64_t freeable = 0;
-    for (Pool* p : older) freeable += RestorerBytesLocked(*p, true);
-    if (need > share || populated - freeable + need > share) return false;
-    for (Pool* p : older) {
-      if (populated + need <= share) break;
-      populated -= RestorerBytesLocked(*p, true);
-      graveyard.push_back(std::move(p->restorer));
+              [](const Full& a, const Full& b) { return a.used < b.used; });
+    for (const Full& f : older) {
+      if (held + need <= share) break;
+      held -= f.bytes;
+      if (f.kind == ResidentKind::kRestorer) {
+        graveyard.push_back(std::move(f.pool->restorer));
+      } else {
+        dropped->push_back(std::move(f.pool->tmpl));
+        f.pool->template_retry_after = Clock::now() + std::chrono::minutes(1);
+      }
     }
     return true;
   }
@@ -1776,7 +1799,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
             Clock::now() < pool->template_retry_after)
           continue;
         uint64_t need = HeldBytesLocked(*pool, ResidentKind::kTemplate);
-        if (!MakeRoomLocked(pool.get(), admitted + need, &evicted)) continue;
+        if (!MakeFullRoomLocked(*pool, admitted + need, &evicted) ||
+            !MakeRoomLocked(pool.get(), admitted + need, &evicted))
+          continue;
         admitted += need;
         want.push_back(pool);
       }
