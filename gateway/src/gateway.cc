@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
@@ -51,6 +54,10 @@ struct Gateway::Impl {
   std::unique_ptr<HttpServer> server;
   std::unique_ptr<HttpServer> metrics_server;
   std::vector<std::thread> threads;
+  // Runs every API request but function calls: those may block (store
+  // writes, migrations, drains, log streams), and on a connection's own
+  // thread they would hold up every other connection dealt to it.
+  std::unique_ptr<boost::asio::thread_pool> admin;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -62,10 +69,17 @@ struct Gateway::Impl {
     if (metrics_server) metrics_server->Close();
     for (auto& ioc : iocs) ioc->stop();
     for (auto& t : threads) t.join();
+    if (admin) {
+      admin->stop();  // what has not started is dropped
+      admin->join();
+    }
   }
 };
 
 namespace {
+
+// Threads for API requests other than function calls (see Impl::admin).
+constexpr int kAdminThreads = 8;
 
 // Takes group and other access away from `path` when it has any; whether it
 // did. A mode that cannot be changed refuses the start.
@@ -242,10 +256,31 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   http.header_timeout = options.read_timeout;
   http.body_timeout = options.read_timeout;
   http.write_timeout = options.write_timeout;
-  auto server = HttpServer::Listen(impl->contexts, options.listen, http,
-                                   [api](HttpRequest req, Reply reply) {
-                                     api->Handle(req, std::move(reply));
-                                   });
+  impl->admin = std::make_unique<boost::asio::thread_pool>(kAdminThreads);
+  boost::asio::thread_pool* admin = impl->admin.get();
+  auto server = HttpServer::Listen(
+      impl->contexts, options.listen, http,
+      [api, admin](HttpRequest req, Reply reply) {
+        // A synchronous function call waits on nothing here: it stays on
+        // the connection's thread, with its call to the node.
+        if (absl::StartsWith(req.path, "/function/"))
+          return api->Handle(req, std::move(reply));
+        boost::asio::post(*admin, [api, req = std::move(req),
+                                   reply = std::move(reply)]() mutable {
+          Reply last = reply;  // answers once: the first answer wins
+          try {
+            api->Handle(req, std::move(reply));
+          } catch (const std::exception& e) {
+            fprintf(stderr, "silt-gateway: %s %s: %s\n", req.method.c_str(),
+                    req.path.c_str(), e.what());
+            last(HttpResponse::Text(500, "internal error"));
+          } catch (...) {
+            fprintf(stderr, "silt-gateway: %s %s: unknown exception\n",
+                    req.method.c_str(), req.path.c_str());
+            last(HttpResponse::Text(500, "internal error"));
+          }
+        });
+      });
   if (!server.ok()) return server.status();
   impl->server = *std::move(server);
 
