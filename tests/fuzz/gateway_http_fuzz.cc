@@ -175,7 +175,7 @@ using namespace silt::gateway;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Target* target = Start();
-  if (size == 0) return 0;
+  if (size < 2) return 0;  // a selector and at least one byte of request
   uint8_t selector = data[0];
   boost::beast::flat_buffer buffer;
   auto in = buffer.prepare(size - 1);
