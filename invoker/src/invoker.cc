@@ -1202,7 +1202,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // the resident budget allows (the most recently started functions first).
   void TendRestorers() {
     if (!fast_restore_on) return;
-    std::vector<std::shared_ptr<Pool>> want;
+    std::shared_ptr<Pool> chosen;
+    bool populate = true;
     std::vector<std::shared_ptr<Template>> dropped;
     {
       std::lock_guard<std::mutex> l(mu);
@@ -1225,7 +1226,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       // room), else only mapped: many functions each get a restorer that
       // saves the sandbox start, the most recent also their page faults.
       for (auto& pool : candidates) {
-        bool populate = true;
+        populate = true;
         uint64_t whole = RestorerBytesLocked(*pool, true);
         if (!MakeFullRoomLocked(*pool, whole, &dropped) ||
             !MakeRoomLocked(pool.get(), whole, &dropped)) {
@@ -1236,23 +1237,18 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         }
         pool->restorer_starting = true;
         pool->restorer_populated = populate;
-        want.push_back(pool);
+        chosen = pool;
         break;
       }
     }
     dropped.clear();
-    bool staged = false;
-    for (auto& pool : want) {
-      bool populate;
-      {
-        std::lock_guard<std::mutex> l(mu);
-        populate = pool->restorer_populated;
-      }
-      auto r = SpawnRestorer(*pool, populate);
+    if (chosen == nullptr) return;
+    auto r = SpawnRestorer(*chosen, populate);
+    bool staged = r.ok();
+    {
       std::lock_guard<std::mutex> l(mu);
-      pool->restorer_starting = false;
-      staged = r.ok();
-      if (r.ok()) pool->restorer = *std::move(r);
+      chosen->restorer_starting = false;
+      if (r.ok()) chosen->restorer = *std::move(r);
     }
     if (staged) KickTender();  // (a failed one is tried again in 100 ms)
   }
@@ -1517,8 +1513,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   uint64_t HeldBytesLocked(const Pool& pool, ResidentKind kind) {
     if (kind == ResidentKind::kRestorer)
       return RestorerBytesLocked(pool, pool.restorer_populated);
-    uint64_t measured = pool.template_bytes;
-    if (measured > 0) return measured;
+    return pool.template_bytes > 0 ? pool.template_bytes
+                                   : ImageBytesLocked(pool);
+  }
+
+  uint64_t ImageBytesLocked(const Pool& pool) {
     auto it = images.find(pool.snapshot_id);
     return it != images.end() ? it->second.bytes : 0;
   }
@@ -1530,9 +1529,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     uint64_t measured =
         populated ? pool.restorer_bytes : pool.light_restorer_bytes;
     if (measured > 0) return measured;
-    if (!populated) return kMappedRestorerBytes;
-    auto it = images.find(pool.snapshot_id);
-    return it != images.end() ? it->second.bytes : 0;
+    return populated ? ImageBytesLocked(pool) : kMappedRestorerBytes;
   }
 
   // Measures what the restorers and templates hold (PSS: they share their

@@ -105,6 +105,14 @@ class NodeTest : public ::testing::Test {
     return r.body;
   }
 
+  // The probe runs on node-a only and puts ~1.8 MiB into its map there.
+  void PutTwoBigValuesFromNodeA() {
+    DeployProbe({{"constraints", json::array({"node.name==node-a"})}});
+    std::string big(900 << 10, 'x');
+    EXPECT_EQ(Ok("/kv/put?k=big1", big), "ok");
+    EXPECT_EQ(Ok("/kv/put?k=big2", big), "ok");
+  }
+
   json Proclets() {
     auto r = gw().Call("GET", "/system/proclets");
     EXPECT_EQ(r.status, 200) << r.body;
@@ -200,10 +208,7 @@ TEST_F(NodeTest, SigtermWithNoRoomOnAnyPeerStopsAndLosesTheProclets) {
   // node-b offers 1 MiB: less than the map will hold. No instances run there.
   ASSERT_TRUE(cluster_->AddNode({.name = "node-b", .memory_mib = 1}).ok());
   ASSERT_TRUE(cluster_->WaitNodes(2).ok());
-  DeployProbe({{"constraints", json::array({"node.name==node-a"})}});
-  std::string big(900 << 10, 'x');
-  EXPECT_EQ(Ok("/kv/put?k=big1", big), "ok");
-  EXPECT_EQ(Ok("/kv/put?k=big2", big), "ok");
+  PutTwoBigValuesFromNodeA();
   ASSERT_TRUE(Eventually([&] {
     json p = Proclets();
     return p.size() == 1 && p[0]["node"] == "node-a" &&
@@ -233,10 +238,7 @@ TEST_F(NodeTest, SecondSignalDuringADrainStopsAtOnce) {
                   .ok());
   ASSERT_TRUE(cluster_->AddNode({.name = "node-b", .memory_mib = 2048}).ok());
   ASSERT_TRUE(cluster_->WaitNodes(2).ok());
-  DeployProbe({{"constraints", json::array({"node.name==node-a"})}});
-  std::string big(900 << 10, 'x');
-  EXPECT_EQ(Ok("/kv/put?k=big1", big), "ok");
-  EXPECT_EQ(Ok("/kv/put?k=big2", big), "ok");
+  PutTwoBigValuesFromNodeA();
   ASSERT_TRUE(Eventually([&] {
     json p = Proclets();
     return p.size() == 1 && p[0]["node"] == "node-a";
