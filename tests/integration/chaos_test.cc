@@ -56,10 +56,23 @@ pid_t ParentOf(pid_t pid) {
   return f.size() > 1 && absl::SimpleAtoi(f[1], &ppid) ? ppid : 0;
 }
 
+// Whether `pid` sits in an instance cgroup (silt/<node id>/...) of one of
+// `node_ids`: ctest runs other tests beside this one, and their invokers'
+// instances are none of this test's business.
+bool InNodes(pid_t pid, const std::vector<std::string>& node_ids) {
+  std::string cgroups = ReadFile(absl::StrCat("/proc/", pid, "/cgroup"));
+  for (const auto& id : node_ids)
+    if (absl::StrContains(cgroups, absl::StrCat("/silt/", id, "/")))
+      return true;
+  return false;
+}
+
 // Processes of function instances (silt-worker, or silt-restorer for one
 // restored on the fast path), with the invoker each descends from (0: none
-// alive, an orphan).
-std::map<pid_t, pid_t> Workers(const std::set<pid_t>& invokers) {
+// alive, an orphan). With `node_ids`, only instances of those nodes.
+std::map<pid_t, pid_t> Workers(
+    const std::set<pid_t>& invokers,
+    const std::vector<std::string>* node_ids = nullptr) {
   std::map<pid_t, pid_t> out;
   for (const auto& e : fs::directory_iterator("/proc")) {
     pid_t pid = 0;
@@ -72,6 +85,7 @@ std::map<pid_t, pid_t> Workers(const std::set<pid_t>& invokers) {
     if (ec || !(absl::StartsWith(name, "silt-worker") ||
                 absl::StartsWith(name, "silt-restorer")))
       continue;
+    if (node_ids != nullptr && !InNodes(pid, *node_ids)) continue;
     pid_t owner = 0;
     for (pid_t p = pid; p > 1 && owner == 0; p = ParentOf(p))
       if (invokers.count(p)) owner = p;
@@ -394,14 +408,14 @@ TEST_F(ChaosTest, LoadSurvivesKill9OfTheGatewayAnInvokerAndAWorker) {
     node_ids.push_back(id.substr(0, id.find('\n')));
   }
   auto settled = [&] {
-    for (auto [pid, owner] : Workers(Invokers()))
+    for (auto [pid, owner] : Workers(Invokers(), &node_ids))
       if (owner == 0) return false;
     return EmptyInstanceCgroups(node_ids, victim_cgroup).empty();
   };
   auto until = Clock::now() + std::chrono::seconds(30);
   while (Clock::now() < until && !settled())
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  for (auto [pid, owner] : Workers(Invokers())) {
+  for (auto [pid, owner] : Workers(Invokers(), &node_ids)) {
     std::string chain;
     for (pid_t p = pid; p > 1; p = ParentOf(p)) absl::StrAppend(&chain, p, " ");
     EXPECT_NE(owner, 0) << "silt-worker " << pid
