@@ -27,6 +27,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -57,6 +58,7 @@
 #include "snapshot/criu.h"
 #include "snapshot/fast_restore.h"
 #include "snapshot/image.h"
+#include "snapshot/working_set.h"
 
 namespace silt::invoker {
 namespace {
@@ -64,6 +66,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using call_wire::ColdStart;
 using v1::FunctionSpec;
+
+// Cold starts of one function this close together make a burst; a function
+// keeps earning fork templates for this long after its last one.
+constexpr auto kBurstGap = std::chrono::seconds(2);
+constexpr auto kTemplateAfterBurst = std::chrono::minutes(10);
 
 std::string RandomId(size_t n) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -143,6 +150,9 @@ struct Instance {
   std::shared_ptr<Template> tmpl;
   bool tmp_mounted = false;  // base_dir/tmp is a tmpfs of ours
   int listener = -1;         // a ready restorer's run/s
+  // Restored lazily from this image (its pages file mapped, not read ahead)
+  // with no working set recorded yet: its first call records one.
+  std::string record_working_set;
   ~Instance() {
     if (channel >= 0) close(channel);
     if (listener >= 0) close(listener);
@@ -325,6 +335,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     // the first call faults in what it touches); what such a one held.
     bool restorer_populated = false;
     uint64_t light_restorer_bytes = 0;
+    // The last cold start that found no restorer staged soon after another
+    // (a burst: the fork tier serves those; kBurstGap).
+    Clock::time_point last_burst;
   };
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Pool>> pools;  // key ns/name
@@ -333,7 +346,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // Snapshot images complete on this node, by id.
   std::map<std::string, snapshot::Manifest> images;
   std::map<std::string, std::shared_ptr<std::mutex>> image_locks;
-  std::string snapshot_dir;   // DATA_DIR/snapshots
+  std::string snapshot_dir;  // DATA_DIR/snapshots
+  // DATA_DIR/working-sets/<image id>: what lazy restores of it touched
+  // (snapshot/working_set.h); loaded at first need (null: none recorded).
+  std::string working_set_dir;
+  std::map<std::string, std::shared_ptr<const std::vector<snapshot::FileRange>>>
+      working_sets;
   std::string dev_dir;        // DATA_DIR/dev: device nodes bound as /dev
   std::string root_skeleton;  // DATA_DIR/root: every sandbox's mount points
   bool bind_dev_tmp = false;
@@ -714,6 +732,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       // start boots and snapshots again.
       plans.erase(id);
       no_fast.erase(id);
+      working_sets.erase(id);
+      unlink(WorkingSetPath(id).c_str());
       for (auto& [key, pool] : pools) {
         if (pool->snapshot_id != id) continue;
         if (pool->restorer) graveyard.push_back(std::move(pool->restorer));
@@ -1085,6 +1105,69 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     return p;
   }
 
+  // ---- working sets (snapshot/working_set.h) ----
+
+  std::string WorkingSetPath(const std::string& id) {
+    return working_set_dir + "/" + id;
+  }
+
+  std::shared_ptr<const std::vector<snapshot::FileRange>> WorkingSetOf(
+      const std::string& id) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (auto it = working_sets.find(id); it != working_sets.end())
+        return it->second;
+    }
+    auto ws = snapshot::LoadWorkingSet(WorkingSetPath(id));
+    std::shared_ptr<const std::vector<snapshot::FileRange>> p;
+    if (ws.ok()) p = std::make_shared<std::vector<snapshot::FileRange>>(*ws);
+    std::lock_guard<std::mutex> l(mu);
+    return working_sets.try_emplace(id, p).first->second;
+  }
+
+  // Starts reading image `id`'s working set ahead, off this thread (the
+  // reads overlap the sandbox's start). False: none recorded yet.
+  bool PrefetchWorkingSet(const std::string& id,
+                          const snapshot::FastPlan& plan) {
+    auto ws = WorkingSetOf(id);
+    if (ws == nullptr) return false;
+    int fd = open(plan.pages_file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return true;
+    // Mostly in the page cache already (a function started lately): done.
+    auto uncached = snapshot::Uncached(fd, *ws);
+    if (uncached.empty()) {
+      close(fd);
+      return true;
+    }
+    try {
+      // Holds only its own fd and ranges: nothing of the invoker's.
+      std::thread([fd, uncached = std::move(uncached)] {
+        snapshot::Prefetch(fd, uncached);
+        close(fd);
+      }).detach();
+    } catch (const std::system_error&) {
+      close(fd);
+    }
+    return true;
+  }
+
+  // What instance `pid`, restored lazily from image `id`, touched in its
+  // first call becomes the image's working set (once per image: REAP's
+  // record-once; a new function version is a new image).
+  void RecordWorkingSet(const std::string& id, pid_t pid) {
+    if (WorkingSetOf(id) != nullptr) return;
+    auto plan = PlanFor(id);
+    if (!plan.ok()) return;
+    auto ranges = snapshot::TouchedRanges(pid, (*plan)->pages_file);
+    if (!ranges.ok() || ranges->empty()) return;
+    std::error_code ec;
+    std::filesystem::create_directories(working_set_dir, ec);
+    if (!snapshot::SaveWorkingSet(WorkingSetPath(id), *ranges).ok()) return;
+    std::lock_guard<std::mutex> l(mu);
+    working_sets[id] =
+        std::make_shared<std::vector<snapshot::FileRange>>(*std::move(ranges));
+  }
+
   void NoFastRestore(const std::string& id) {
     std::lock_guard<std::mutex> l(mu);
     no_fast.insert(id);
@@ -1293,7 +1376,13 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       if (held + need <= share) break;
       held -= f.bytes;
       if (f.kind == ResidentKind::kRestorer) {
-        graveyard.push_back(std::move(f.pool->restorer));
+        // Demoted in place: it keeps its sandbox and its mapping of the
+        // image and gives back the pages ('D'; restorer.cc), which saves
+        // the sandbox start of a new one that only maps.
+        if (write(f.pool->restorer->channel, "D", 1) == 1)
+          f.pool->restorer_populated = false;
+        else
+          graveyard.push_back(std::move(f.pool->restorer));
       } else {
         dropped->push_back(std::move(f.pool->tmpl));
         f.pool->template_retry_after = Clock::now() + std::chrono::minutes(1);
@@ -1309,9 +1398,18 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     auto start = Clock::now();
     const std::string& id = pool.snapshot_id;
     std::unique_ptr<Instance> inst;
+    bool populated = false;
     {
       std::lock_guard<std::mutex> l(mu);
       inst = std::move(pool.restorer);
+      populated = inst != nullptr && pool.restorer_populated;
+    }
+    // Mapped lazily: what the last lazy restore touched is read ahead now,
+    // or, with none recorded, this one's first call records it.
+    bool record = false;
+    if (!populated) {
+      if (auto plan = PlanFor(id); plan.ok())
+        record = !PrefetchWorkingSet(id, **plan);
     }
     if (inst == nullptr) {
       auto r = SpawnRestorer(pool, /*populate=*/false);
@@ -1336,6 +1434,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     inst->start_ms =
         std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     inst->last_used = Clock::now();
+    if (record && !as_template) inst->record_working_set = id;
     return inst;
   }
 
@@ -1539,6 +1638,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       std::shared_ptr<Pool> pool;
       ResidentKind kind;
       pid_t pid;
+      bool populated = false;  // a restorer: as it was when probed
       uint64_t bytes = 0;
     };
     std::vector<Probe> probes;
@@ -1546,8 +1646,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       std::lock_guard<std::mutex> l(mu);
       for (auto& [key, pool] : pools) {
         if (pool->restorer)
-          probes.push_back(
-              {pool, ResidentKind::kRestorer, pool->restorer->proc->pid()});
+          probes.push_back({pool, ResidentKind::kRestorer,
+                            pool->restorer->proc->pid(),
+                            pool->restorer_populated});
         if (pool->tmpl)
           probes.push_back(
               {pool, ResidentKind::kTemplate, pool->tmpl->inst->proc->pid()});
@@ -1557,12 +1658,17 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     std::lock_guard<std::mutex> l(mu);
     for (const auto& p : probes) {
       if (p.bytes == 0) continue;  // gone meanwhile
-      if (p.kind == ResidentKind::kTemplate)
+      if (p.kind == ResidentKind::kTemplate) {
         p.pool->template_bytes = p.bytes;
-      else if (p.pool->restorer_populated)
-        p.pool->restorer_bytes = p.bytes;
-      else
-        p.pool->light_restorer_bytes = p.bytes;
+        continue;
+      }
+      // Replaced, used or demoted meanwhile: not what is there now.
+      const Pool& pool = *p.pool;
+      if (!pool.restorer || pool.restorer->proc->pid() != p.pid ||
+          pool.restorer_populated != p.populated)
+        continue;
+      (p.populated ? p.pool->restorer_bytes : p.pool->light_restorer_bytes) =
+          p.bytes;
     }
   }
 
@@ -1638,7 +1744,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       std::shared_ptr<Pool> pool, ColdStart force = ColdStart::kAny) {
     {
       std::lock_guard<std::mutex> l(mu);
-      pool->last_start = Clock::now();
+      auto now = Clock::now();
+      if (pool->restorer == nullptr &&
+          pool->last_start != Clock::time_point() &&
+          now - pool->last_start < kBurstGap)
+        pool->last_burst = now;
+      pool->last_start = now;
     }
     if (force == ColdStart::kBoot || !pool->snapshot_wanted) {
       if (force != ColdStart::kAny && force != ColdStart::kBoot)
@@ -1650,10 +1761,14 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       if (auto image = EnsureImage(*pool); !image.ok()) return image.status();
       return RestoreInstance(*pool, /*by_criu=*/true);
     }
+    // A staged restorer is the fastest start (README, Benchmarks: restore
+    // beats fork at every size); the template serves starts that find none.
     std::shared_ptr<Template> t;
+    bool staged = false;
     {
       std::lock_guard<std::mutex> l(mu);
       t = pool->tmpl;
+      staged = pool->restorer != nullptr;
     }
     if (t == nullptr && force == ColdStart::kFork) {
       if (!pool->forkable || options.resident_memory_bytes == 0)
@@ -1666,7 +1781,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
         return absl::UnavailableError("the template was dropped; try again");
     }
     if (t != nullptr &&
-        (force == ColdStart::kAny || force == ColdStart::kFork)) {
+        (force == ColdStart::kFork || (force == ColdStart::kAny && !staged))) {
       auto inst = ForkInstance(*pool, t);
       if (inst.ok() || force == ColdStart::kFork) return inst;
       logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), "invoker",
@@ -1780,7 +1895,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     return result;
   }
 
-  // Keeps templates for functions that have images and recent cold starts,
+  // Keeps templates for functions that have images and recent bursts of cold
+  // starts (all recently started ones without silt-restorer),
   // within the memory budget (least recently used go first).
   void TendTemplates() {
     if (!snapshots_on || options.resident_memory_bytes == 0) return;
@@ -1790,10 +1906,17 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       std::lock_guard<std::mutex> l(mu);
       MakeRoomLocked(nullptr, 0, &evicted);
       uint64_t admitted = 0;  // templates of this round, not resident yet
+      auto now = Clock::now();
       for (auto& [key, pool] : pools) {
         if (!pool->snapshot_wanted || !pool->forkable || pool->tmpl ||
             pool->template_starting || !images.contains(pool->snapshot_id) ||
-            Clock::now() < pool->template_retry_after)
+            now < pool->template_retry_after)
+          continue;
+        // With staged restorers, only functions that had a burst lately: a
+        // template for every function started once would cost a restore
+        // (and a restorer) each, and evict another's.
+        if (fast_restore_on && (pool->last_burst == Clock::time_point() ||
+                                now - pool->last_burst > kTemplateAfterBurst))
           continue;
         uint64_t need = HeldBytesLocked(*pool, ResidentKind::kTemplate);
         if (!MakeFullRoomLocked(*pool, admitted + need, &evicted) ||
@@ -1843,6 +1966,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       }
       images[name] = *m;
     }
+    // Working sets of images gone since.
+    for (const auto& e :
+         std::filesystem::directory_iterator(working_set_dir, ec))
+      if (!images.contains(e.path().filename().string()))
+        std::filesystem::remove(e.path(), ec);
   }
 
   std::shared_ptr<Pool> PoolFor(const FunctionSpec& spec,
@@ -2074,6 +2202,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     if (tier != call_wire::StartTier::kWarm)
       res->start_us = static_cast<uint32_t>((*inst)->start_ms * 1000);
     (*inst)->fresh = false;
+    if (!(*inst)->record_working_set.empty())
+      RecordWorkingSet(std::exchange((*inst)->record_working_set, ""),
+                       (*inst)->proc->pid());
     v1::InstanceCount count;
     if (force != ColdStart::kAny) {
       // A forced start serves one call; the reaper tears the instance down
@@ -2746,6 +2877,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
             "can take milliseconds longer): %s\n",
             std::string(favored.status().message()).c_str());
   impl->snapshot_dir = options.data_dir + "/snapshots";
+  impl->working_set_dir = options.data_dir + "/working-sets";
   impl->root_skeleton = options.data_dir + "/root";
   if (auto s = PrepareRootSkeleton(impl->root_skeleton); !s.ok()) return s;
   impl->dev_dir = options.data_dir + "/dev";

@@ -375,6 +375,20 @@ void Premap() {
   }
 }
 
+// Asked while staged ('D': the node's resident budget wants the room back):
+// drops the page tables Premap filled, keeping the mappings, so that the
+// restore faults in only what its call touches, as one staged with 'M'
+// would. VMAs with copied runs keep their pages (their contents are not in
+// any file).
+void Demote() {
+  if (!g_populate || g_h->n_vmas > kMaxVmas) return;
+  for (uint32_t i = 0; i < g_h->n_vmas; ++i)
+    if (g_premapped[i] && !g_vmas[i].copy)
+      madvise(reinterpret_cast<void*>(g_vmas[i].start),
+              g_vmas[i].end - g_vmas[i].start, MADV_DONTNEED);
+  g_populate = false;
+}
+
 void OpenFiles() {
   const auto* files = reinterpret_cast<const PlanFile*>(g_runs + g_h->n_runs);
   for (uint32_t i = 0; i < g_h->n_files; ++i) {
@@ -437,10 +451,15 @@ int main() {
   Premap();
   InstallProcessState();
   // Staged: everything that can fail is done. 'G' (or the channel closing:
-  // not needed after all) decides.
+  // not needed after all) decides; 'D' may come first, any number of times.
   if (write(kChannel, "K", 1) != 1) _exit(1);
-  char go = 0;
-  if (read(kChannel, &go, 1) != 1 || go != 'G') _exit(0);
+  for (char go = 0; go != 'G';) {
+    if (read(kChannel, &go, 1) != 1) _exit(0);
+    if (go == 'D')
+      Demote();
+    else if (go != 'G')
+      _exit(0);
+  }
   asm volatile(
       "mov %0, %%rsp\n"
       "call *%1\n" ::"r"(g_stack + sizeof(g_stack)),

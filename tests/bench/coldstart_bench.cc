@@ -11,6 +11,11 @@
 //   warm     an idle instance (the floor)
 //   burst    Silt's restore again, the starts back to back: each one finds
 //            the node still busy with the last (its staged restorer used up)
+//   cold     Silt's restore from disk: the node restarted with nothing held
+//            ahead (--resident-memory-mib 0: no staged restorer, no
+//            template), every file of its data dir (images, bundles, the
+//            worker binary) dropped from the page cache before each start
+//   criu_cold  the same for the baseline (libcriu, Silt's options)
 // plus the bare start cost the invoker reports (X-Silt-Start-Ms). Starts of
 // every tier but burst are --gap-ms apart (independent cold starts, as they
 // arrive when a function has no idle instance).
@@ -30,8 +35,11 @@
 //                                          [--gap-ms 50] [--density 200]
 //
 // Ends with name=value lines: restore_speedup_vs_criu_64MiB=<criu p50 /
-// restore p50>, density_restore_p50_over_single=... and the density figures.
+// restore p50>, cold_restore_speedup_vs_criu_64MiB=<criu_cold p50 / cold
+// p50>, density_restore_p50_over_single=... and the density figures.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -105,6 +113,36 @@ double NodePssMiB(pid_t pid) {
     }
   }
   return kib / 1024;
+}
+
+// Drops every file under `dir` from the page cache (a function whose image
+// nothing has read lately: on disk only); returns how many KiB of them are
+// still cached afterwards (0 unless something maps them).
+uint64_t EvictFromPageCache(const std::string& dir) {
+  uint64_t cached_kib = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(
+           dir, std::filesystem::directory_options::skip_permission_denied, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+    int fd = open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    off_t size = lseek(fd, 0, SEEK_END);
+    if (size > 0) {
+      void* m = mmap(nullptr, size, PROT_NONE, MAP_SHARED, fd, 0);
+      if (m != MAP_FAILED) {
+        std::vector<unsigned char> vec((size + 4095) / 4096);
+        if (mincore(m, size, vec.data()) == 0)
+          for (unsigned char v : vec) cached_kib += (v & 1) * 4;
+        munmap(m, size);
+      }
+    }
+    close(fd);
+  }
+  return cached_kib;
 }
 
 struct Samples {
@@ -282,13 +320,14 @@ int main(int argc, char** argv) {
       fprintf(stderr, "deploy %s failed\n", name.c_str());
       return 1;
     }
-    // First call: boot and snapshot; then wait for the catalog and template.
+    // First call: boot and snapshot; then wait for the catalog and a staged
+    // restorer (the fork tier's template is made when first asked for).
     for (int i = 0; i < 300; ++i) {
       auto r = gw->Call("GET", "/function/" + name + "/heap", "", false);
       auto s = gw->Call("GET", "/system/snapshots/" + name);
       json j = json::parse(s.body, nullptr, false);
       if (r.status == 200 && j.is_array() && !j.empty() &&
-          j[0].value("template", false))
+          j[0].value("staged", false))
         break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -320,10 +359,65 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // Cold: the node restarted with nothing held ahead; before each start every
+  // file of its data dir leaves the page cache.
+  inv->Stop(SIGTERM);
+  inv = Process::Start({SILT_INVOKER_BIN, "--gateway", gw->grpc_address(),
+                        "--listen", "127.0.0.1:0", "--data-dir", dir + "/node",
+                        "--node-name", "bench", "--resident-memory-mib", "0"});
+  if (!inv.ok() ||
+      !inv->WaitForLine("listening on ", std::chrono::seconds(30)).ok()) {
+    fprintf(stderr, "invoker did not start again\n");
+    return 1;
+  }
+  for (int t = 0; t < 300; ++t) {  // registered again
+    std::string e;
+    if (ColdStart(*gw, absl::StrCat("state", sizes[0]), "restore", &e) >= 0)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  uint64_t left_cached_kib = 0;
+  for (int mb : sizes) {
+    std::string name = absl::StrCat("state", mb);
+    for (const auto& [tier, force] :
+         {std::pair<std::string, std::string>{"cold", "restore"},
+          {"criu_cold", "criu"}}) {
+      Samples& smp = results[mb][tier];
+      for (int i = 0; i < runs + 1; ++i) {
+        // The last forced instance is torn down within the reaper's 100 ms
+        // period: until then it maps the image and holds it in the cache.
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(std::max(gap_ms, 200)));
+        left_cached_kib =
+            std::max(left_cached_kib, EvictFromPageCache(dir + "/node"));
+        auto t0 = Clock::now();
+        auto r = gw->Call("GET", "/function/" + name + "/heap", "", false,
+                          {{"X-Silt-Cold-Start", force}});
+        double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0)
+                        .count();
+        if (i == 0) continue;
+        if (r.status != 200 || r.Header("X-Silt-Start") != force) {
+          if (smp.errors++ == 0)
+            fprintf(stderr, "%s %d MiB: %d %s %s\n", tier.c_str(), mb, r.status,
+                    std::string(r.Header("X-Silt-Start")).c_str(),
+                    r.body.c_str());
+          continue;
+        }
+        double start = 0;
+        (void)absl::SimpleAtod(r.Header("X-Silt-Start-Ms"), &start);
+        smp.e2e.push_back(ms);
+        smp.start.push_back(start);
+      }
+    }
+  }
+  std::vector<std::string> all_tiers = tiers;
+  all_tiers.push_back("cold");
+  all_tiers.push_back("criu_cold");
+
   printf("%-8s %-8s %12s %12s %12s %12s %7s\n", "heap", "tier", "e2e_p50_ms",
          "e2e_p99_ms", "start_p50_ms", "start_p99_ms", "errors");
   for (int mb : sizes) {
-    for (const auto& tier : tiers) {
+    for (const auto& tier : all_tiers) {
       const Samples& s = results[mb][tier];
       printf("%-8s %-8s %12.2f %12.2f %12.2f %12.2f %7d\n",
              absl::StrCat(mb, "MiB").c_str(), tier.c_str(), Pct(s.e2e, 0.5),
@@ -340,7 +434,16 @@ int main(int argc, char** argv) {
         criu / std::max(1e-9, Pct(r["burst"].e2e, 0.5)),
         criu / std::max(1e-9, Pct(r["fork"].e2e, 0.5)),
         criu / std::max(1e-9, Pct(r["boot"].e2e, 0.5)));
+    printf(
+        "%dMiB: from disk, restore %.2fx faster than CRIU (criu_cold over "
+        "cold, e2e p50)\n",
+        mb,
+        Pct(r["criu_cold"].e2e, 0.5) / std::max(1e-9, Pct(r["cold"].e2e, 0.5)));
   }
+  // Should be 0: what stayed in the page cache of the node's data dir right
+  // after an eviction (something mapped it).
+  printf("cold_left_cached_kib=%llu\n",
+         static_cast<unsigned long long>(left_cached_kib));
   if (results.contains(64)) {
     auto& r = results[64];
     printf("fork_speedup_vs_criu_64MiB=%.2f\n",
@@ -350,6 +453,9 @@ int main(int argc, char** argv) {
     printf(
         "restore_speedup_vs_criu_64MiB=%.2f\n",
         Pct(r["criu"].e2e, 0.5) / std::max(1e-9, Pct(r["restore"].e2e, 0.5)));
+    printf(
+        "cold_restore_speedup_vs_criu_64MiB=%.2f\n",
+        Pct(r["criu_cold"].e2e, 0.5) / std::max(1e-9, Pct(r["cold"].e2e, 0.5)));
   }
   if (density > 0) {
     // The functions go to a node of their own ("dense"), as Silt runs by

@@ -1,6 +1,7 @@
 // Functions end to end: real silt-gateway and silt-invoker processes on
 // loopback, functions built, pushed and deployed with the `silt` CLI, called
 // over HTTP as a user would.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -806,6 +807,67 @@ TEST_F(SnapshotTest, ResidentBudgetKeepsTheMostRecentlyStartedFunctions) {
       << metrics.body;
   auto l = Silt({"snapshot", "list"});
   EXPECT_TRUE(absl::StrContains(l.out, "Resident")) << l.out;
+}
+
+// A restore that finds no restorer staged maps the image lazily; its first
+// call records what it touched (the image's working set), and later
+// restores from disk read that ahead in one pass. An update drops the old
+// image's working set with the image.
+TEST_F(SnapshotTest, LazyRestoresRecordTheWorkingSetAndReadItAhead) {
+  invokers_["node-a"]->Stop(SIGTERM);
+  invokers_.erase("node-a");
+  StartInvoker("node-a", {"--resident-memory-mib", "0"});
+  WaitNodes(1);
+  Deploy({{"service", "probe"}, {"envVars", {{"STATE_MB", "8"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/heap").body, "8 MiB intact");
+  std::string id = WaitSnapshot("probe");
+  std::string ws = dir_ + "/node-a/working-sets/" + id;
+  EXPECT_FALSE(std::filesystem::exists(ws)) << "booted, not restored";
+
+  auto r = Cold("restore", "/function/probe/heap");
+  EXPECT_EQ(r.body, "8 MiB intact");
+  EXPECT_EQ(r.Header("X-Silt-Start"), "restore");
+  // Recorded before the answer left: the 8 MiB heap the call read, and
+  // not the whole image with the rest of it.
+  auto ranges = [&] {
+    std::ifstream in(ws);
+    std::string line;
+    uint64_t bytes = 0;
+    std::getline(in, line);
+    EXPECT_EQ(line, "silt-working-set 1");
+    while (std::getline(in, line) && line != "end") {
+      std::vector<std::string> f = absl::StrSplit(line, ' ');
+      uint64_t len = 0;
+      EXPECT_TRUE(f.size() == 2 && absl::SimpleAtoi(f[1], &len)) << line;
+      bytes += len;
+    }
+    EXPECT_EQ(line, "end");
+    return bytes;
+  };
+  uint64_t recorded = ranges();
+  EXPECT_GE(recorded, 8u << 20);
+  uint64_t image = std::filesystem::file_size(dir_ + "/node-a/snapshots/" + id +
+                                              "/pages-1.img");
+  EXPECT_LE(recorded, image);
+
+  // From disk: the image leaves the page cache; the restore reads the
+  // working set ahead and the call still finds its heap intact.
+  for (int i = 0; i < 2; ++i) {
+    int fd = open((dir_ + "/node-a/snapshots/" + id + "/pages-1.img").c_str(),
+                  O_RDONLY);
+    ASSERT_GE(fd, 0);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    r = Cold("restore", "/function/probe/heap");
+    EXPECT_EQ(r.body, "8 MiB intact");
+    EXPECT_EQ(r.Header("X-Silt-Start"), "restore");
+  }
+  EXPECT_EQ(ranges(), recorded) << "recorded once per image";
+
+  // A new version: the old image goes, and its working set with it.
+  Deploy({{"service", "probe"}, {"envVars", {{"STATE_MB", "4"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/heap").body, "4 MiB intact");
+  EXPECT_TRUE(Eventually([&] { return !std::filesystem::exists(ws); }));
 }
 
 TEST_F(SnapshotTest, TenConcurrentColdStartsRestoreFromOneImage) {
