@@ -2609,7 +2609,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
           stop_cv.notify_all();
         });
         uint64_t seq = 0;
-        LoadPulse pulse(options.pulse_change, std::chrono::milliseconds(20));
+        // CPU use over 250 ms: more than two CFS periods (100 ms). A node
+        // cgroup at its CPU quota is throttled for the rest of each period,
+        // and a shorter window can read no use at all there (a hot node
+        // then looked cool for a moment: RebalanceTest in CI).
+        LoadPulse pulse(options.pulse_change, std::chrono::milliseconds(250));
         auto next_report = Clock::now();
         while (!done && !Stopping()) {
           auto now = Clock::now();
