@@ -1126,29 +1126,52 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   // Starts reading image `id`'s working set ahead, off this thread (the
-  // reads overlap the sandbox's start). False: none recorded yet.
-  bool PrefetchWorkingSet(const std::string& id,
-                          const snapshot::FastPlan& plan) {
-    auto ws = WorkingSetOf(id);
-    if (ws == nullptr) return false;
-    int fd = open(plan.pages_file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return true;
-    // Mostly in the page cache already (a function started lately): done.
-    auto uncached = snapshot::Uncached(fd, *ws);
-    if (uncached.empty()) {
-      close(fd);
-      return true;
-    }
-    try {
-      // Holds only its own fd and ranges: nothing of the invoker's.
-      std::thread([fd, uncached = std::move(uncached)] {
-        snapshot::Prefetch(fd, uncached);
+  // reads overlap the sandbox's start), and the files of the function's
+  // bundle the process maps (its code: small, read whole). With no working
+  // set recorded yet, the whole pages file (what CRIU would read), and
+  // returns false: this restore's first call records one.
+  bool PrefetchWorkingSet(const Pool& pool, const snapshot::FastPlan& plan) {
+    auto ws = WorkingSetOf(pool.snapshot_id);
+    struct Read {
+      int fd;
+      std::vector<snapshot::FileRange> ranges;
+    };
+    std::vector<Read> reads;
+    auto add = [&reads](const std::string& path,
+                        std::vector<snapshot::FileRange> want) {
+      int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return;
+      struct stat st;
+      if (want.empty() && fstat(fd, &st) == 0 && st.st_size > 0)
+        want.push_back({0, static_cast<uint64_t>(st.st_size)});
+      // In the page cache already (started lately): nothing to read.
+      auto uncached = snapshot::Uncached(fd, want);
+      if (uncached.empty()) {
         close(fd);
-      }).detach();
-    } catch (const std::system_error&) {
-      close(fd);
+        return;
+      }
+      reads.push_back({fd, std::move(uncached)});
+    };
+    add(plan.pages_file,
+        ws != nullptr ? *ws : std::vector<snapshot::FileRange>{});
+    const std::string bundle_prefix = std::string(kSandboxBundleDir) + "/";
+    for (const auto& f : plan.mapped_files)
+      if (absl::StartsWith(f, bundle_prefix))
+        add(pool.bundle->dir + "/" + f.substr(bundle_prefix.size()), {});
+    if (!reads.empty()) {
+      try {
+        // Holds only its own fds and ranges: nothing of the invoker's.
+        std::thread([reads = std::move(reads)] {
+          for (const auto& r : reads) {
+            snapshot::Prefetch(r.fd, r.ranges);
+            close(r.fd);
+          }
+        }).detach();
+      } catch (const std::system_error&) {
+        for (const auto& r : reads) close(r.fd);
+      }
     }
-    return true;
+    return ws != nullptr;
   }
 
   // What instance `pid`, restored lazily from image `id`, touched in its
@@ -1409,7 +1432,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     bool record = false;
     if (!populated) {
       if (auto plan = PlanFor(id); plan.ok())
-        record = !PrefetchWorkingSet(id, **plan);
+        record = !PrefetchWorkingSet(pool, **plan);
     }
     if (inst == nullptr) {
       auto r = SpawnRestorer(pool, /*populate=*/false);

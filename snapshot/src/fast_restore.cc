@@ -337,6 +337,7 @@ absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& dir) {
 
   std::vector<PlanVma> vmas;
   std::vector<PlanFile> plan_files;
+  FastPlan plan;
   std::map<uint64_t, int32_t> file_index;
   for (auto e : mm->Bs(14)) {
     auto v = Msg::Parse(e);
@@ -379,6 +380,7 @@ absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& dir) {
         memcpy(f.path, it->second.first.data(), it->second.first.size());
         f.size = it->second.second;
         plan_files.push_back(f);
+        plan.mapped_files.push_back(it->second.first);
       }
       pv.file = fi->second;
       pv.flags &= ~MAP_ANONYMOUS;
@@ -394,7 +396,6 @@ absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& dir) {
   if (pagemap->entries.empty()) return absl::DataLossError("empty pagemap");
   auto head = Msg::Parse(pagemap->entries[0]);
   if (!head.ok()) return head.status();
-  FastPlan plan;
   plan.pages_file = absl::StrCat(dir, "/pages-", head->U(1), ".img");
   std::vector<PlanRun> runs;
   uint64_t offset = 0;

@@ -8,6 +8,7 @@
 #define SILT_SNAPSHOT_FAST_RESTORE_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -16,6 +17,8 @@ namespace silt::snapshot {
 struct FastPlan {
   std::string bytes;       // PlanHeader + tables, ready to send
   std::string pages_file;  // the pages-N.img the plan's runs refer to
+  // Files the process maps (paths inside its sandbox), in PlanFile order.
+  std::vector<std::string> mapped_files;
 };
 
 // Unimplemented when the image holds something the restorer does not
