@@ -2632,11 +2632,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
           stop_cv.notify_all();
         });
         uint64_t seq = 0;
-        // CPU use over 250 ms: more than two CFS periods (100 ms). A node
-        // cgroup at its CPU quota is throttled for the rest of each period,
-        // and a shorter window can read no use at all there (a hot node
-        // then looked cool for a moment: RebalanceTest in CI).
-        LoadPulse pulse(options.pulse_change, std::chrono::milliseconds(250));
+        // CPU use over a CFS period (100 ms): a node cgroup at its CPU quota
+        // is throttled for the rest of each period, and a shorter window can
+        // read no use at all there (a hot node then looked cool for a
+        // moment: RebalanceTest in CI with 20 ms).
+        LoadPulse pulse(options.pulse_change, std::chrono::milliseconds(100));
         auto next_report = Clock::now();
         while (!done && !Stopping()) {
           auto now = Clock::now();

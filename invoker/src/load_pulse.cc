@@ -16,10 +16,9 @@ std::optional<v1::Pulse> LoadPulse::Next(const Sample& s, bool force) {
     samples_.pop_front();
   const Sample& first = samples_.front();
   double secs = std::chrono::duration<double>(s.at - first.at).count();
-  // Not over less than half a window (after a new one started above, the
-  // first samples are too close together to say anything).
-  if (samples_.size() < 2 || secs <= 0 || s.at - first.at < window_ / 2)
-    return std::nullopt;
+  // Never over less than a window (after a new one started above, the first
+  // samples are too close together to say anything).
+  if (samples_.size() < 2 || s.at - first.at < window_) return std::nullopt;
   v1::Pulse p;
   uint64_t total = s.cpu_nanos - std::min(s.cpu_nanos, first.cpu_nanos);
   uint64_t ours = s.instances_cpu_nanos -

@@ -104,14 +104,21 @@ TEST_F(RebalanceTest, CpuTakenFromANodeMovesItsWorkAndTheJobFinishesRight) {
   StartCluster();
   if (IsSkipped()) return;
   DeployPipeline();
-  auto r = Invoke("op=produce&input=work&n=3000&rounds=15000");
+  // Long enough (seconds) that node-b's share is still running when the
+  // rebalancer sees the hog (CPU use is averaged over 100 ms).
+  auto r = Invoke("op=produce&input=work&n=3000&rounds=40000");
   ASSERT_EQ(r.status, 200) << r.body;
   deploy::HttpResult job;
   std::thread call([&] { job = Invoke("op=transform&input=work&output=out"); });
   bool running_on_b = Eventually(
       [&] { return Node("node-b").value("computeProclets", 0) > 0; });
   auto hog = cluster_->StartCpuHog("node-b", 1);
+  auto hog_at = std::chrono::steady_clock::now();
   call.join();
+  printf("job_ms_after_hog=%.0f\n",
+         std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now() - hog_at)
+             .count());
   ASSERT_TRUE(running_on_b) << Node("node-b").dump();
   ASSERT_TRUE(hog.ok()) << hog.status();
   ASSERT_EQ(job.status, 200) << job.body;
