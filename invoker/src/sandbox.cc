@@ -1285,19 +1285,25 @@ void CleanupStaleCgroups(const std::string& prefix) {
     for (const char* c : {"memory", "cpu", "cpuacct", "pids"})
       roots.push_back(ControllerRoot(c) + OwnCgroup(c) + "/" + prefix);
   }
+  // Every hierarchy's processes are killed first, then every cgroup is
+  // removed once empty: killed processes leave asynchronously (one with much
+  // memory takes a while), and giving up on one hierarchy after a few
+  // yields left its cgroups behind while the next one's went (CI: an empty
+  // instance cgroup in cpu, cpuacct and memory, not pids).
+  std::vector<std::string> dirs;
   for (const auto& root : roots) {
     std::error_code ec;
     if (!std::filesystem::is_directory(root, ec)) continue;
-    std::vector<std::string> dirs;
+    std::vector<std::string> mine;
     for (auto it = std::filesystem::recursive_directory_iterator(root, ec);
          it != std::filesystem::recursive_directory_iterator();
          it.increment(ec)) {
       if (ec) break;
-      if (it->is_directory()) dirs.push_back(it->path().string());
+      if (it->is_directory()) mine.push_back(it->path().string());
     }
-    dirs.push_back(root);
-    std::sort(dirs.rbegin(), dirs.rend());  // children first
-    for (const auto& d : dirs) {
+    mine.push_back(root);
+    std::sort(mine.rbegin(), mine.rend());  // children first
+    for (const auto& d : mine) {
       std::string procs = ReadFile(d + "/cgroup.procs");
       for (absl::string_view p :
            absl::StrSplit(procs, '\n', absl::SkipEmpty())) {
@@ -1305,17 +1311,23 @@ void CleanupStaleCgroups(const std::string& prefix) {
         if (absl::SimpleAtoi(p, &pid) && pid > 1) kill(pid, SIGKILL);
       }
     }
-    // Killed processes leave asynchronously; rmdir succeeds once each cgroup is
-    // empty.
-    for (int attempt = 0; attempt < 1000; ++attempt) {
-      bool all = true;
-      for (const auto& d : dirs) {
-        if (rmdir(d.c_str()) != 0 && errno != ENOENT) all = false;
-      }
-      if (all) break;
-      sched_yield();
-    }
+    dirs.insert(dirs.end(), mine.begin(), mine.end());
   }
+  // rmdir succeeds once a cgroup is empty; at most 10 s in all.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!dirs.empty()) {
+    std::vector<std::string> left;
+    for (const auto& d : dirs)
+      if (rmdir(d.c_str()) != 0 && errno != ENOENT) left.push_back(d);
+    dirs.swap(left);
+    if (dirs.empty() || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (const auto& d : dirs)
+    fprintf(stderr,
+            "silt-invoker: could not remove cgroup %s: still in use after "
+            "10 s\n",
+            d.c_str());
 }
 
 bool CgroupV2() { return IsV2(); }
