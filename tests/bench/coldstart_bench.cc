@@ -261,6 +261,31 @@ std::unique_ptr<Process> StartDenseNode(GatewayProcess& gw,
   return std::make_unique<Process>(*std::move(p));
 }
 
+// Deploys `name` (the probe image with `mb` MiB of init state) and calls
+// `path` until its snapshot is in the catalog with `field` true (the first
+// call boots and checkpoints).
+bool DeployAndSnapshot(GatewayProcess& gw, const std::string& name,
+                       const std::string& image, int mb,
+                       const std::string& path, const char* field) {
+  json d = {{"service", name},
+            {"image", image},
+            {"envVars", {{"STATE_MB", std::to_string(mb)}}}};
+  if (gw.Call("POST", "/system/functions", d.dump()).status != 200) {
+    fprintf(stderr, "deploy %s failed\n", name.c_str());
+    return false;
+  }
+  for (int i = 0; i < 300; ++i) {
+    auto r = gw.Call("GET", "/function/" + name + path, "", false);
+    json j = json::parse(gw.Call("GET", "/system/snapshots/" + name).body,
+                         nullptr, false);
+    if (r.status == 200 && j.is_array() && !j.empty() &&
+        j[0].value(field, false))
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -321,24 +346,9 @@ int main(int argc, char** argv) {
   std::map<int, std::map<std::string, Samples>> results;
   for (int mb : sizes) {
     std::string name = absl::StrCat("state", mb);
-    json d = {{"service", name},
-              {"image", image},
-              {"envVars", {{"STATE_MB", std::to_string(mb)}}}};
-    if (gw->Call("POST", "/system/functions", d.dump()).status != 200) {
-      fprintf(stderr, "deploy %s failed\n", name.c_str());
-      return 1;
-    }
-    // First call: boot and snapshot; then wait for the catalog and a staged
-    // restorer (the fork tier's template is made when first asked for).
-    for (int i = 0; i < 300; ++i) {
-      auto r = gw->Call("GET", "/function/" + name + "/heap", "", false);
-      auto s = gw->Call("GET", "/system/snapshots/" + name);
-      json j = json::parse(s.body, nullptr, false);
-      if (r.status == 200 && j.is_array() && !j.empty() &&
-          j[0].value("staged", false))
-        break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    // A staged restorer (the fork tier's template is made when first asked
+    // for).
+    if (!DeployAndSnapshot(*gw, name, image, mb, "/heap", "staged")) return 1;
     for (const auto& tier : tiers) {
       Samples& smp = results[mb][tier];
       const std::string force = tier == "burst" ? "restore" : tier;
@@ -390,22 +400,7 @@ int main(int argc, char** argv) {
   // checkpointed on this node.
   for (int mb : sizes) {
     std::string name = absl::StrCat("lookup", mb);
-    json d = {{"service", name},
-              {"image", image},
-              {"envVars", {{"STATE_MB", std::to_string(mb)}}}};
-    if (gw->Call("POST", "/system/functions", d.dump()).status != 200) {
-      fprintf(stderr, "deploy %s failed\n", name.c_str());
-      return 1;
-    }
-    for (int i = 0; i < 300; ++i) {
-      auto r = gw->Call("GET", "/function/" + name + "/state", "", false);
-      auto snap = gw->Call("GET", "/system/snapshots/" + name);
-      json j = json::parse(snap.body, nullptr, false);
-      if (r.status == 200 && j.is_array() && !j.empty() &&
-          j[0].value("current", false))
-        break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    if (!DeployAndSnapshot(*gw, name, image, mb, "/state", "current")) return 1;
   }
   struct ColdTier {
     const char* tier;
