@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -225,6 +226,36 @@ WorkerReply Error(int status, const std::string& msg) {
   return r;
 }
 
+// The largest body part one frame carries: a bigger write goes as several.
+constexpr size_t kMaxPart = 1 << 20;
+
+// Sends one part of a streamed response (the head with the first: `head`
+// non-null). False when the invoker is gone.
+bool SendPart(const WorkerReply* head, absl::string_view body) {
+  do {
+    WorkerReply part;
+    if (head != nullptr) {
+      part.set_status(head->status());
+      *part.mutable_headers() = head->headers();
+      head = nullptr;
+    }
+    absl::string_view now = body.substr(0, kMaxPart);
+    body.remove_prefix(now.size());
+    part.set_body(std::string(now));
+    part.set_more(true);
+    if (!WriteFrame(kChannel, part).ok()) return false;
+  } while (!body.empty());
+  return true;
+}
+
+// The end of a streamed response: the last bytes, or why it broke off.
+WorkerReply StreamEnd(std::string rest, std::string error = "") {
+  WorkerReply r;
+  r.set_body(std::move(rest));
+  r.set_error(std::move(error));
+  return r;
+}
+
 std::string HeaderValue(const WorkerCall& c, absl::string_view name) {
   for (const auto& h : c.headers())
     if (absl::EqualsIgnoreCase(h.name(), name)) return h.value();
@@ -333,9 +364,27 @@ class NativeRuntime {
     for (const auto& h : c.headers())
       call.headers.emplace_back(h.name(), h.value());
     call.body = c.body();
-    auto res = lib_->Handle(ctx_, call);
+    bool streamed = false;
+    auto res = lib_->Handle(
+        ctx_, call, [&streamed](const proclets::FunctionResult& so_far) {
+          WorkerReply head;
+          if (!so_far.streamed) {
+            head.set_status(so_far.status);
+            for (const auto& [k, v] : so_far.headers) {
+              auto* h = head.add_headers();
+              h->set_name(k);
+              h->set_value(v);
+            }
+          }
+          streamed = true;
+          return SendPart(so_far.streamed ? nullptr : &head, so_far.body);
+        });
     ctx_.call_id.clear();
     EndCallLeftovers();
+    if (streamed) {
+      if (!res.ok()) return StreamEnd("", std::string(res.status().message()));
+      return StreamEnd(std::move(res->body));
+    }
     if (!res.ok()) return Error(500, std::string(res.status().message()));
     WorkerReply r;
     r.set_status(res->status);
@@ -609,6 +658,10 @@ class HttpRuntime {
         "the function server did not listen on ", url, " within 30 s"));
   }
 
+  // Proxies the call to the server. A response whose length is known and at
+  // most kWholeBody comes back whole; a longer one, a chunked one or one
+  // that runs until the server closes (server-sent events, say) is passed
+  // on in parts as the server writes them.
   WorkerReply Call(const WorkerCall& c) {
     auto start = std::chrono::steady_clock::now();
     for (int attempt = 0; attempt < 2; ++attempt) {
@@ -626,9 +679,10 @@ class HttpRuntime {
         stream_->expires_after(std::chrono::milliseconds(c.timeout_ms()));
       http::write(*stream_, req, ec);
       beast::flat_buffer buffer;
-      http::response_parser<http::string_body> parser;
-      parser.body_limit(kMaxFrameBytes);
-      if (!ec) http::read(*stream_, buffer, parser, ec);
+      http::response_parser<http::buffer_body> parser;
+      parser.body_limit(std::numeric_limits<uint64_t>::max());
+      if (c.method() == "HEAD") parser.skip(true);
+      if (!ec) http::read_header(*stream_, buffer, parser, ec);
       if (ec == beast::error::timeout) {
         stream_.reset();
         return Error(504, "function server timed out");
@@ -650,17 +704,65 @@ class HttpRuntime {
         h->set_name(std::string(f.name_string()));
         h->set_value(std::string(f.value()));
       }
-      auto* d = r.add_headers();
-      d->set_name("X-Duration-Seconds");
-      d->set_value(absl::StrFormat(
-          "%f", std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                              start)
-                    .count()));
-      r.set_body(std::move(res.body()));
-      if (!res.keep_alive()) stream_.reset();
-      return r;
+      auto length = parser.content_length();
+      if (parser.is_done() || (length && *length <= kWholeBody)) {
+        std::string body(length.value_or(0), '\0');
+        if (!parser.is_done()) {
+          res.body().data = body.data();
+          res.body().size = body.size();
+          http::read(*stream_, buffer, parser, ec);
+          if (ec == http::error::need_buffer) ec = {};
+        }
+        if (ec) {
+          stream_.reset();
+          return Error(ec == beast::error::timeout ? 504 : 502,
+                       ec == beast::error::timeout
+                           ? "function server timed out"
+                           : "the function server's answer broke off");
+        }
+        auto* d = r.add_headers();
+        d->set_name("X-Duration-Seconds");
+        d->set_value(
+            absl::StrFormat("%f", std::chrono::duration<double>(
+                                      std::chrono::steady_clock::now() - start)
+                                      .count()));
+        r.set_body(std::move(body));
+        if (!res.keep_alive()) stream_.reset();
+        return r;
+      }
+      return Relay(parser, buffer, r);
     }
     return Error(502, "cannot reach the function server");
+  }
+
+  // Sends the head at once, then passes the body on as it comes, each read a
+  // part. The connection stays only if the body ended cleanly.
+  WorkerReply Relay(http::response_parser<http::buffer_body>& parser,
+                    beast::flat_buffer& buffer, const WorkerReply& head) {
+    if (!SendPart(&head, {})) {
+      stream_.reset();
+      return StreamEnd("", "the invoker is gone");
+    }
+    std::string part(kPartBuffer, '\0');
+    beast::error_code ec;
+    while (!parser.is_done()) {
+      parser.get().body().data = part.data();
+      parser.get().body().size = part.size();
+      http::read_some(*stream_, buffer, parser, ec);
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec) break;
+      size_t n = part.size() - parser.get().body().size;
+      if (n > 0 && !SendPart(nullptr, {part.data(), n})) {
+        stream_.reset();
+        return StreamEnd("", "the invoker is gone");
+      }
+    }
+    if (ec || !parser.get().keep_alive()) stream_.reset();
+    if (ec)
+      return StreamEnd("", ec == beast::error::timeout
+                               ? "function server timed out"
+                               : "the function server's answer broke off");
+    return StreamEnd("");
   }
 
   // No connection may cross a checkpoint: the server's listening socket does.
@@ -683,6 +785,9 @@ class HttpRuntime {
     stream_ = std::move(s);
     return absl::OkStatus();
   }
+  static constexpr uint64_t kWholeBody = 1 << 20;
+  static constexpr size_t kPartBuffer = 64 << 10;
+
   asio::io_context ioc_;
   std::unique_ptr<beast::tcp_stream> stream_;
   std::string host_, port_;

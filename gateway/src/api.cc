@@ -908,6 +908,7 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
     call.headers.emplace_back("X-Forwarded-For", req.remote);
   call.body = req.body;
   call.timeout = options_.upstream_timeout;
+  call.take_parts = true;
   if (req.HasHeader("X-Silt-Cold-Start")) {
     absl::string_view h = req.Header("X-Silt-Cold-Start");
     auto cold = invoker::call_wire::ParseColdStart({h.data(), h.size()});
@@ -944,6 +945,7 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
                         request_ct.empty() ? "text/plain" : request_ct);
         }
         res.body = std::move(r->body);
+        res.parts = std::move(r->parts);
         namespace cw = invoker::call_wire;
         const char* tier = cw::StartTierName(r->start_tier);
         metrics_->Start(fn, tier, r->start_ms / 1000);

@@ -62,14 +62,15 @@ struct CallClient::Pool : std::enable_shared_from_this<Pool> {
   }
 };
 
-// One connection. While a call is on it, only its strand touches it.
-struct CallClient::Conn : std::enable_shared_from_this<Conn> {
+// One connection. While a call is on it, only its strand touches it. While
+// a streamed reply's body is read, it is that body's BodyStream.
+struct CallClient::Conn : std::enable_shared_from_this<Conn>, BodyStream {
   explicit Conn(std::shared_ptr<Pool> p)
       : pool(std::move(p)),
         strand(asio::make_strand(pool->ioc)),
         sock(strand),
         timer(strand) {}
-  ~Conn() {
+  ~Conn() override {
     std::lock_guard<std::mutex> l(pool->mu);
     pool->busy.erase(this);
   }
@@ -81,13 +82,17 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
 
   // The call on it.
   std::shared_ptr<const std::string> out;  // its request frame
-  std::string in;                          // its reply, as it arrives
+  std::string in;  // what has arrived and is not yet taken: in[0, have)
   size_t have = 0;
   Done done;
   std::chrono::steady_clock::time_point deadline;
   bool reused = false;  // kept from an earlier call
   bool timed_out = false;
   uint64_t seq = 0;  // which call (a timer that fired late is for an old one)
+  // A streamed reply: its head was handed over and its body goes on; `pull`
+  // waits for the next part (frames are read only while one waits).
+  bool streaming = false;
+  BodyStream::Next pull;
 
   void Start() {
     timed_out = false;
@@ -95,7 +100,7 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
     timer.expires_at(deadline);
     timer.async_wait([self = shared_from_this(), seq = ++seq](ErrorCode ec) {
       // Cancelled (the reply came), or late for a call that is over.
-      if (ec || seq != self->seq || !self->done) return;
+      if (ec || seq != self->seq || (!self->done && !self->streaming)) return;
       self->timed_out = true;
       self->sock.close(ec);  // the pending operation ends with an error
     });
@@ -123,50 +128,102 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
   }
 
   void Read() {
-    if (in.size() < 4096) in.resize(4096);
+    if (in.size() < have + 4096) in.resize(have + 4096);
     sock.async_read_some(asio::buffer(in.data() + have, in.size() - have),
                          [self = shared_from_this()](ErrorCode ec, size_t n) {
                            if (ec) return self->Broken(ec, false);
-                           self->Received(n);
+                           self->have += n;
+                           self->TakeFrame();
                          });
   }
 
-  void Received(size_t n) {
-    have += n;
+  // Handles the first frame in `in` if it is whole, else reads on.
+  void TakeFrame() {
     if (have < 4) return Read();
     uint32_t len;
     memcpy(&len, in.data(), 4);
-    if (len > cw::kMaxFrameBytes) {
-      sock.close();
-      return Fail(absl::InternalError(absl::StrCat(
-          "node ", pool->address, " sent a reply over the limit")));
-    }
+    if (len > cw::kMaxFrameBytes)
+      return Malformed(
+          absl::StrCat("node ", pool->address, " sent a reply over the limit"));
     size_t need = 4 + static_cast<size_t>(len);
     if (have < need) {
       if (in.size() < need) in.resize(need);
       return Read();
     }
+    std::string_view payload(in.data() + 4, len);
+    if (streaming) return TakePart(payload, need);
     cw::Reply reply;
-    if (have != need ||
-        !cw::ParseReply(std::string_view(in.data() + 4, len), &reply)) {
-      sock.close();
-      return Fail(absl::InternalError(
-          absl::StrCat("node ", pool->address, " sent a malformed reply")));
-    }
-    if (in.size() > (1 << 20)) std::string().swap(in);
-    timer.cancel();
+    // Nothing may follow a whole reply; parts may follow a head.
+    if (!cw::ParseReply(payload, &reply) || (!reply.head && have != need))
+      return Malformed(
+          absl::StrCat("node ", pool->address, " sent a malformed reply"));
+    Consume(need);
     Done d = std::move(done);
     out.reset();
-    {
-      std::lock_guard<std::mutex> l(pool->mu);
-      pool->busy.erase(this);
-      if (!pool->closed && pool->idle.size() < kMaxIdle)
-        pool->idle.push_back(shared_from_this());
+    if (reply.head) {
+      streaming = true;
+      return d(std::move(reply), shared_from_this());
     }
-    d(std::move(reply));
+    timer.cancel();
+    Idle();
+    d(std::move(reply), nullptr);
+  }
+
+  // A frame of a streamed body: a part, or the reply that ends it.
+  void TakePart(std::string_view payload, size_t need) {
+    BodyStream::Next next = std::move(pull);
+    pull = nullptr;
+    std::string_view bytes;
+    if (cw::ParseBodyPart(payload, &bytes)) {
+      Part part{std::string(bytes), false};
+      Consume(need);
+      return next(std::move(part));
+    }
+    cw::Reply end;
+    if (!cw::ParseReply(payload, &end) || end.head || have != need) {
+      pull = std::move(next);
+      return Malformed(absl::StrCat("node ", pool->address,
+                                    " sent a malformed part of a reply"));
+    }
+    Consume(need);
+    streaming = false;
+    timer.cancel();
+    Idle();
+    if (end.outcome == cw::Outcome::kAnswered &&
+        end.failure == cw::Failure::kNone)
+      return next(Part{std::move(end.body), true});
+    next(absl::AbortedError(end.error.empty() ? "the function's instance died"
+                                              : end.error));
+  }
+
+  void Consume(size_t n) {
+    memmove(in.data(), in.data() + n, have - n);
+    have -= n;
+    if (have == 0 && in.size() > (1 << 20)) std::string().swap(in);
+  }
+
+  // The call is over and the connection is clean: kept for the next one.
+  void Idle() {
+    std::lock_guard<std::mutex> l(pool->mu);
+    pool->busy.erase(this);
+    if (!pool->closed && pool->idle.size() < kMaxIdle)
+      pool->idle.push_back(shared_from_this());
+  }
+
+  void Malformed(std::string why) {
+    ErrorCode ignored;
+    sock.close(ignored);
+    Fail(absl::InternalError(std::move(why)));
   }
 
   void Broken(ErrorCode ec, bool connecting) {
+    if (!done && !streaming) {
+      // The call ended already (a streamed body cancelled): this is the read
+      // it left pending.
+      ErrorCode ignored;
+      sock.close(ignored);
+      return;
+    }
     if (timed_out)
       return Fail(absl::DeadlineExceededError(absl::StrCat(
           "node ", pool->address, " did not answer within the call's time")));
@@ -174,7 +231,7 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
       return Fail(absl::UnavailableError("the gateway is shutting down"));
     ErrorCode ignored;
     sock.close(ignored);
-    if (reused && have == 0 && !connecting) {
+    if (reused && have == 0 && !connecting && !streaming) {
       // Closed by the node while it sat idle here (say, the invoker
       // restarted): the call goes once more, on a new connection.
       reused = false;
@@ -194,8 +251,33 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
       std::lock_guard<std::mutex> l(pool->mu);
       pool->busy.erase(this);
     }
+    if (streaming) {
+      streaming = false;
+      BodyStream::Next next = std::move(pull);
+      pull = nullptr;
+      if (next) next(std::move(s));
+      return;
+    }
     Done d = std::move(done);
-    if (d) d(std::move(s));
+    if (d) d(std::move(s), nullptr);
+  }
+
+  // BodyStream. Posted, never inline: a caller that pulls again from its
+  // `next` does not recurse.
+  void Pull(Next next) override {
+    asio::post(
+        strand, [self = shared_from_this(), next = std::move(next)]() mutable {
+          if (!self->streaming)
+            return next(absl::FailedPreconditionError("the body is over"));
+          self->pull = std::move(next);
+          self->TakeFrame();
+        });
+  }
+  void Cancel() override {
+    asio::post(strand, [self = shared_from_this()] {
+      if (!self->streaming) return;
+      self->Fail(absl::CancelledError("the body is no longer wanted"));
+    });
   }
 };
 
@@ -246,7 +328,9 @@ void CallClient::Call(std::shared_ptr<const std::string> request_frame,
       pool.busy.insert(c.get());
     }
   }
-  if (!c) return done(absl::UnavailableError("the gateway is shutting down"));
+  if (!c)
+    return done(absl::UnavailableError("the gateway is shutting down"),
+                nullptr);
   c->out = std::move(request_frame);
   c->done = std::move(done);
   c->deadline = deadline;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "http_types.h"
 #include "invoker/call_wire.h"
 
 namespace boost::asio {
@@ -26,7 +27,11 @@ namespace silt::gateway {
 
 class CallClient {
  public:
-  using Done = std::function<void(absl::StatusOr<invoker::call_wire::Reply>)>;
+  // The reply; or, for a streamed one, its head (Reply::head) and the rest of
+  // its body, to be pulled (or cancelled) by the caller: the connection is
+  // taken until the body ends. `rest` is null for a whole reply.
+  using Done = std::function<void(absl::StatusOr<invoker::call_wire::Reply>,
+                                  std::shared_ptr<BodyStream> rest)>;
 
   // Calls to `address` (host:port), each connection opening with `key`. The
   // io_contexts (at least one) must outlive the client.
@@ -45,7 +50,8 @@ class CallClient {
   // Unavailable when the node could not be reached or the connection broke
   // before the reply (a connection kept from an earlier call that turns out
   // closed is replaced once, silently); DeadlineExceeded when no reply came
-  // by `deadline` (the connection is closed).
+  // by `deadline` (the connection is closed). The deadline covers a streamed
+  // body too: past it the body breaks off.
   void Call(std::shared_ptr<const std::string> request_frame,
             std::chrono::steady_clock::time_point deadline, Done done);
 

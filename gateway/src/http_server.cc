@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -180,6 +181,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Write(HttpResponse res, bool keep_alive) {
     if (res.stream) return Stream(std::move(res));
+    if (res.parts) return WriteHead(std::move(res), keep_alive);
     auto msg = std::make_shared<http::response<http::string_body>>();
     msg->version(version_);
     msg->result(static_cast<unsigned>(res.status));
@@ -236,6 +238,112 @@ class Session : public std::enable_shared_from_this<Session> {
     }).detach();
   }
 
+  // A body in parts (HttpResponse::parts): the head, then each part as it
+  // comes, chunked (HTTP/1.1: the connection stays) or delimited by closing
+  // the connection (HTTP/1.0). One write at a time, then the next Pull.
+  void WriteHead(HttpResponse res, bool keep_alive) {
+    chunked_ = version_ >= 11;
+    parts_keep_alive_ = keep_alive && chunked_;
+    parts_ = std::move(res.parts);
+    part_ = std::move(res.body);
+    auto head = std::make_shared<http::response<http::empty_body>>();
+    head->version(version_);
+    head->result(static_cast<unsigned>(res.status));
+    for (auto& [k, v] : res.headers) head->insert(k, v);
+    if (chunked_) head->chunked(true);
+    head->keep_alive(parts_keep_alive_);
+    auto sr =
+        std::make_shared<http::response_serializer<http::empty_body>>(*head);
+    stream_.expires_after(options_.write_timeout);
+    http::async_write_header(
+        stream_, *sr,
+        [self = shared_from_this(), head, sr](beast::error_code ec, size_t) {
+          if (ec) return self->EndParts(/*client_gone=*/true);
+          if (self->head_) {  // no body for HEAD: the head said it all
+            self->parts_->Cancel();
+            return self->EndParts(false);
+          }
+          self->WatchClient();
+          self->WritePart(/*last=*/false);
+        });
+  }
+
+  // Writes part_ (nothing when empty), then the last chunk if `last`.
+  void WritePart(bool last) {
+    auto after = [self = shared_from_this(), last](beast::error_code ec,
+                                                   size_t) {
+      if (ec) return self->EndParts(/*client_gone=*/true);
+      if (!last) return self->PullPart();
+      if (!self->chunked_) return self->EndParts(false);
+      self->stream_.expires_after(self->options_.write_timeout);
+      asio::async_write(self->stream_, http::make_chunk_last(),
+                        [self](beast::error_code ec, size_t) {
+                          self->EndParts(/*client_gone=*/bool(ec));
+                        });
+    };
+    if (part_.empty()) return after({}, 0);
+    stream_.expires_after(options_.write_timeout);
+    if (chunked_) {
+      asio::async_write(stream_, http::make_chunk(asio::buffer(part_)),
+                        std::move(after));
+    } else {
+      asio::async_write(stream_, asio::buffer(part_), std::move(after));
+    }
+  }
+
+  void PullPart() {
+    stream_.expires_never();  // a function may write its next part much later
+    parts_->Pull([self = shared_from_this()](
+                     absl::StatusOr<BodyStream::Part> part) mutable {
+      asio::dispatch(self->stream_.get_executor(),
+                     [self, part = std::move(part)]() mutable {
+                       if (!part.ok()) {
+                         // Cut short: no last chunk, and the connection
+                         // closes, so that the client sees the body broke off.
+                         fprintf(stderr,
+                                 "silt-gateway: %s: the body broke off: %s\n",
+                                 self->what_.c_str(),
+                                 std::string(part.status().message()).c_str());
+                         self->parts_.reset();
+                         return self->Close();
+                       }
+                       self->part_ = std::move(part->bytes);
+                       self->WritePart(part->last);
+                     });
+    });
+  }
+
+  // While parts are awaited, a read on the client's connection notices it
+  // closing (and cancels the body, which ends the function's call); bytes
+  // that arrive meanwhile (a pipelined request) stay in buffer_ for later.
+  void WatchClient() {
+    watching_ = true;
+    stream_.socket().async_read_some(
+        buffer_.prepare(4096),
+        [self = shared_from_this()](beast::error_code ec, size_t n) {
+          self->watching_ = false;
+          if (!ec) self->buffer_.commit(n);
+          if (self->after_watch_)
+            return std::exchange(self->after_watch_, {})();
+          if (ec && self->parts_) return self->parts_->Cancel();
+          if (!ec && self->parts_ && self->buffer_.size() < (64 << 10))
+            self->WatchClient();
+        });
+  }
+
+  void EndParts(bool client_gone) {
+    if (client_gone && parts_) parts_->Cancel();
+    parts_.reset();
+    std::string().swap(part_);
+    if (client_gone || !parts_keep_alive_) return Close();
+    head_ = false;
+    if (!watching_) return ReadHeader();
+    // The next request is read once the watch is off the socket.
+    after_watch_ = [self = shared_from_this()] { self->ReadHeader(); };
+    beast::error_code ec;
+    stream_.socket().cancel(ec);
+  }
+
   // Half-closes, then reads and discards what the client still sends (the rest
   // of a body we refused) until it closes or a deadline passes, so that the
   // client gets to read our answer instead of a connection reset.
@@ -273,6 +381,12 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<char> drain_;
   std::atomic<bool> answered_{false};  // the current request has its reply
   std::string what_;                   // its "METHOD PATH", for error logs
+  // A body in parts being sent (WriteHead), and the part being written.
+  std::shared_ptr<BodyStream> parts_;
+  std::string part_;
+  bool chunked_ = false, parts_keep_alive_ = false;
+  bool watching_ = false;              // WatchClient's read is pending
+  std::function<void()> after_watch_;  // what runs once it ends
   size_t body_limit_ = 0;
   bool keep_alive_ = true;
   bool head_ = false;

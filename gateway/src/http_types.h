@@ -4,10 +4,12 @@
 #define SILT_GATEWAY_HTTP_TYPES_H_
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace silt::gateway {
@@ -33,10 +35,34 @@ struct HttpRequest {
   bool HasQuery(absl::string_view key) const;
 };
 
+// A response body that comes in parts (a function streaming its answer).
+// The server asks for each part once the one before is written, so a slow
+// client slows its producer down instead of piling the body up here.
+class BodyStream {
+ public:
+  struct Part {
+    std::string bytes;
+    bool last = false;  // the body ends with this part
+  };
+  using Next = std::function<void(absl::StatusOr<Part>)>;
+
+  virtual ~BodyStream() = default;
+  // Calls `next` exactly once, on any thread but never inside this call:
+  // the next part, or why the body broke off (the client then sees it cut
+  // short). Not again after a last part or an error.
+  virtual void Pull(Next next) = 0;
+  // No more parts are wanted (the client went away); a pending Pull may
+  // still be answered, with an error.
+  virtual void Cancel() = 0;
+};
+
 struct HttpResponse {
   int status = 200;
   HeaderList headers;
   std::string body;
+  // When set, `body` is only the first part: the rest comes from `parts`,
+  // sent with chunked encoding as it arrives (close-delimited for HTTP/1.0).
+  std::shared_ptr<BodyStream> parts;
   // When set, the body is produced by this function on its own thread and sent
   // with chunked encoding; `write` returns false once the client is gone.
   std::function<void(const std::function<bool(absl::string_view)>& write)>

@@ -880,9 +880,11 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
 
   void Send(std::shared_ptr<Call> call) {
     auto deadline = Clock::now() + call->call.timeout + std::chrono::seconds(2);
-    call->node->calls->Call(
-        call->frame, deadline,
-        [this, call](absl::StatusOr<cw::Reply> r) { OnDone(call, r); });
+    call->node->calls->Call(call->frame, deadline,
+                            [this, call](absl::StatusOr<cw::Reply> r,
+                                         std::shared_ptr<BodyStream> rest) {
+                              OnDone(call, r, std::move(rest));
+                            });
   }
 
   // The node does not know this function version: the call goes again with
@@ -900,7 +902,8 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     Send(call);
   }
 
-  void OnDone(std::shared_ptr<Call> call, absl::StatusOr<cw::Reply>& r) {
+  void OnDone(std::shared_ptr<Call> call, absl::StatusOr<cw::Reply>& r,
+              std::shared_ptr<BodyStream> rest) {
     std::string key = Key(call->call.ns, call->call.name);
     bool shutting_down;
     {
@@ -948,7 +951,32 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     out.instance = std::move(r->instance);
     out.failure = r->failure;
     out.node = call->node->name;
+    if (rest && !call->call.take_parts)
+      return ReadWhole(std::move(rest),
+                       std::make_shared<InvokeResult>(std::move(out)),
+                       std::move(call->done));
+    out.parts = std::move(rest);
     call->done(std::move(out));
+  }
+
+  // Reads the rest of a streamed body into out->body, for a caller that
+  // takes it whole (an async call's callback).
+  static void ReadWhole(
+      std::shared_ptr<BodyStream> rest, std::shared_ptr<InvokeResult> out,
+      std::function<void(absl::StatusOr<InvokeResult>)> done) {
+    rest->Pull([rest, out, done = std::move(done)](
+                   absl::StatusOr<BodyStream::Part> part) mutable {
+      if (!part.ok()) return done(part.status());
+      out->body += part->bytes;
+      if (out->body.size() > kMaxWholeBody) {
+        rest->Cancel();
+        return done(absl::ResourceExhaustedError(absl::StrCat(
+            "the function's response is over ", kMaxWholeBody >> 20,
+            " MiB: too large to hold for an async callback")));
+      }
+      if (part->last) return done(std::move(*out));
+      ReadWhole(std::move(rest), std::move(out), std::move(done));
+    });
   }
 
   // ---- logs ----

@@ -28,6 +28,10 @@ class io_context;
 
 namespace silt::gateway {
 
+// The most of a streamed response read whole for a caller that does not take
+// parts.
+inline constexpr size_t kMaxWholeBody = 64 << 20;
+
 struct InvokeCall {
   std::string ns;
   std::string name;
@@ -41,12 +45,18 @@ struct InvokeCall {
   // X-Silt-Cold-Start: a new instance started this way serves the call.
   invoker::call_wire::ColdStart cold_start =
       invoker::call_wire::ColdStart::kAny;
+  // Whether the caller takes a streamed response in parts
+  // (InvokeResult::parts); otherwise its body is read whole first, up to
+  // kMaxWholeBody.
+  bool take_parts = false;
 };
 
 struct InvokeResult {
   int status = 0;
   HeaderList headers;
-  std::string body;
+  std::string body;  // the first part only, when `parts` is set
+  // The rest of a streamed body (InvokeCall::take_parts).
+  std::shared_ptr<BodyStream> parts;
   invoker::call_wire::StartTier start_tier =
       invoker::call_wire::StartTier::kWarm;
   double start_ms = 0;

@@ -1,10 +1,17 @@
 #include "call_port.h"
 
+#include <poll.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "frames.h"
 
 namespace silt::invoker {
@@ -18,6 +25,48 @@ absl::StatusOr<std::unique_ptr<CallPort>> CallPort::Listen(
   port->server_ = *std::move(server);
   port->server_->StartAccepting();
   return port;
+}
+
+absl::Status AwaitFrame(int channel, int watch,
+                        std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    pollfd p[2] = {{channel, POLLIN, 0}, {watch, POLLIN | POLLRDHUP, 0}};
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    int n = poll(p, 2, static_cast<int>(std::max<int64_t>(0, left.count())));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      return absl::InternalError(absl::StrCat("poll: ", strerror(errno)));
+    if (p[1].revents != 0)
+      return absl::CancelledError("the caller's connection closed");
+    if (p[0].revents != 0) return absl::OkStatus();
+    if (n == 0) return absl::DeadlineExceededError("no frame in time");
+  }
+}
+
+bool ReplyStream::Head(const call_wire::Reply& head) {
+  if (broken_ || started_) return false;
+  started_ = true;
+  call_wire::Reply r = head;
+  r.head = true;
+  out_.clear();
+  call_wire::AppendReply(&out_, r);
+  broken_ = !WriteAll(fd_, out_).ok();
+  return !broken_;
+}
+
+bool ReplyStream::Part(std::string_view bytes) {
+  if (broken_ || !started_) return false;
+  if (bytes.empty()) return true;
+  char prefix[5];
+  uint32_t n = static_cast<uint32_t>(bytes.size() + 1);
+  memcpy(prefix, &n, 4);
+  prefix[4] = static_cast<char>(call_wire::Op::kBodyPart);
+  iovec iov[2] = {{prefix, sizeof(prefix)},
+                  {const_cast<char*>(bytes.data()), bytes.size()}};
+  broken_ = !WriteAllV(fd_, iov, 2).ok();
+  return !broken_;
 }
 
 CallPort::CallPort(const DataKey& key, Handler handler)
@@ -48,8 +97,9 @@ void CallPort::ServeGateway(int fd) {
     }
     if (frame.capacity() > (1 << 20)) std::string().swap(frame);
     call_wire::Reply reply;
+    ReplyStream stream(fd);
     try {
-      handler_(req, &reply);
+      handler_(req, &reply, stream);
     } catch (const std::exception& e) {
       fprintf(stderr, "silt-invoker: call to %s/%s: %s\n", req.ns.c_str(),
               req.name.c_str(), e.what());
@@ -58,6 +108,8 @@ void CallPort::ServeGateway(int fd) {
       reply.error_code = static_cast<uint8_t>(absl::StatusCode::kInternal);
       reply.error = "internal error";
     }
+    if (stream.broken()) return;
+    reply.head = false;
     out.clear();
     call_wire::AppendReply(&out, reply);
     if (!WriteAll(fd, out).ok()) return;

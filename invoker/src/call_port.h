@@ -6,9 +6,11 @@
 #ifndef SILT_INVOKER_CALL_PORT_H_
 #define SILT_INVOKER_CALL_PORT_H_
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "conn_server.h"
@@ -17,11 +19,37 @@
 
 namespace silt::invoker {
 
+// The head and parts of a streamed reply, sent on the call's connection while
+// the call runs (call_wire.h): Head once, then Part any number of times; the
+// handler's Reply ends it. Each returns false once the connection is gone.
+// Used by the connection's own thread only.
+class ReplyStream {
+ public:
+  explicit ReplyStream(int fd) : fd_(fd) {}
+  bool Head(const call_wire::Reply& head);  // sent as a kReplyHead
+  bool Part(std::string_view bytes);
+  bool started() const { return started_; }
+  bool broken() const { return broken_; }
+  int fd() const { return fd_; }  // the gateway's connection
+
+ private:
+  const int fd_;
+  bool started_ = false, broken_ = false;
+  std::string out_;
+};
+
+// Waits until `channel` has something to read. Cancelled as soon as `watch`
+// has anything (a connection that must stay quiet meanwhile: it closed, or
+// broke its protocol), DeadlineExceeded after `timeout`.
+absl::Status AwaitFrame(int channel, int watch,
+                        std::chrono::milliseconds timeout);
+
 class CallPort {
  public:
-  // Runs one call to its end and fills in its reply.
-  using Handler =
-      std::function<void(call_wire::Request& req, call_wire::Reply* reply)>;
+  // Runs one call to its end and fills in its reply (or its end, after a
+  // streamed head).
+  using Handler = std::function<void(
+      call_wire::Request& req, call_wire::Reply* reply, ReplyStream& stream)>;
 
   // Binds `listen` (IPv4 host:port; 0 picks a port) and starts accepting.
   // Connections must open with `key` (they are closed until it is set).

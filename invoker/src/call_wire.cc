@@ -116,7 +116,7 @@ void AppendRequest(std::string* out, const Request& r) {
 }
 
 void AppendReply(std::string* out, const Reply& r) {
-  size_t at = Begin(out, Op::kReply);
+  size_t at = Begin(out, r.head ? Op::kReplyHead : Op::kReply);
   out->reserve(out->size() + 128 + r.body.size());
   wire::Writer w(out);
   w.U8(static_cast<uint8_t>(r.outcome));
@@ -132,6 +132,18 @@ void AppendReply(std::string* out, const Reply& r) {
   w.U32(r.ready);
   w.U32(r.busy);
   Finish(out, at);
+}
+
+void AppendBodyPart(std::string* out, std::string_view bytes) {
+  size_t at = Begin(out, Op::kBodyPart);
+  out->append(bytes.data(), bytes.size());
+  Finish(out, at);
+}
+
+bool ParseBodyPart(std::string_view payload, std::string_view* bytes) {
+  if (OpOf(payload) != static_cast<uint8_t>(Op::kBodyPart)) return false;
+  *bytes = payload.substr(1);
+  return true;
 }
 
 bool ParseHello(std::string_view payload, std::string_view* key) {
@@ -157,12 +169,16 @@ bool ParseRequest(std::string_view payload, Request* out) {
 
 bool ParseReply(std::string_view payload, Reply* out) {
   wire::Reader r(payload);
-  uint8_t outcome, tier, failure;
-  if (!Expect(r, Op::kReply) || !r.U8(&outcome) || !r.U8(&out->error_code) ||
-      !ReadStr(r, &out->error) || !r.U16(&out->status) ||
-      !ReadHeaders(r, &out->headers) || !ReadStr(r, &out->body) ||
-      !r.U8(&tier) || !r.U32(&out->start_us) || !ReadStr(r, &out->instance) ||
-      !r.U8(&failure) || !r.U32(&out->ready) || !r.U32(&out->busy) || !r.done())
+  uint8_t op, outcome, tier, failure;
+  if (!r.U8(&op) || (op != static_cast<uint8_t>(Op::kReply) &&
+                     op != static_cast<uint8_t>(Op::kReplyHead)))
+    return false;
+  out->head = op == static_cast<uint8_t>(Op::kReplyHead);
+  if (!r.U8(&outcome) || !r.U8(&out->error_code) || !ReadStr(r, &out->error) ||
+      !r.U16(&out->status) || !ReadHeaders(r, &out->headers) ||
+      !ReadStr(r, &out->body) || !r.U8(&tier) || !r.U32(&out->start_us) ||
+      !ReadStr(r, &out->instance) || !r.U8(&failure) || !r.U32(&out->ready) ||
+      !r.U32(&out->busy) || !r.done())
     return false;
   if (outcome > static_cast<uint8_t>(Outcome::kError) ||
       tier > static_cast<uint8_t>(StartTier::kCriu) ||

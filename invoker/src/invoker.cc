@@ -2104,25 +2104,48 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     return t;
   }
 
+  // Takes each part of a streamed reply (WorkerReply.more) as it arrives;
+  // false when the caller is gone.
+  using Parts = std::function<bool(v1::WorkerReply& part)>;
+
   // Sends `call` to an acquired instance (its timeout: what is left until
-  // `deadline`) and reads the reply. On failure the instance is released
-  // as discarded (the pool's next call gets a fresh one; the caller still
+  // `deadline`) and reads the reply: the parts of a streamed one go to
+  // `parts` as they come (without it, a streamed reply fails the call), and
+  // *reply gets the last frame. On failure the instance is released as
+  // discarded (the pool's next call gets a fresh one; the caller still
   // holds it, for its id), the line "silt: instance ID <role>WHY" goes to
   // the function's log, and *why says what happened: "timed out"
-  // (DeadlineExceeded) or how the instance died.
+  // (DeadlineExceeded), the caller left mid-stream (Cancelled) or how the
+  // instance died.
+  // While a reply streams, `watch` (the caller's connection, which carries
+  // nothing else meanwhile) closing ends the call too.
   absl::Status CallInstance(Pool& pool, Instance& inst, v1::WorkerCall& call,
                             Clock::time_point deadline, const char* role,
-                            v1::WorkerReply* reply, Death* why) {
+                            v1::WorkerReply* reply, Death* why,
+                            const Parts& parts = {}, int watch = -1) {
     // A cold start may have used up the call's time: the call still goes
     // out, with 1 ms, and the read waits 100 ms more at most (ReadFrame
     // waits forever on a negative timeout: the call would run to its end).
-    auto left = std::max(std::chrono::milliseconds(1),
-                         std::chrono::duration_cast<std::chrono::milliseconds>(
-                             deadline - Clock::now()));
-    call.set_timeout_ms(static_cast<uint64_t>(left.count()));
+    auto Left = [deadline] {
+      return std::max(std::chrono::milliseconds(1),
+                      std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - Clock::now()));
+    };
+    call.set_timeout_ms(static_cast<uint64_t>(Left().count()));
     absl::Status s = WriteFrame(inst.channel, call);
-    if (s.ok())
-      s = ReadFrame(inst.channel, reply, left + std::chrono::milliseconds(100));
+    bool streaming = false;
+    while (s.ok()) {
+      if (streaming && watch >= 0)
+        s = AwaitFrame(inst.channel, watch,
+                       Left() + std::chrono::milliseconds(100));
+      if (s.ok())
+        s = ReadFrame(inst.channel, reply,
+                      Left() + std::chrono::milliseconds(100));
+      if (!s.ok() || !reply->more()) break;
+      streaming = true;
+      if (!parts || !parts(*reply))
+        s = absl::CancelledError("the caller went away mid-stream");
+    }
     if (s.ok()) {
       // The instance lives, but the OOM killer may have ended one of its
       // processes (a classic fprocess): the failed call says why.
@@ -2136,8 +2159,14 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       }
       return s;
     }
-    *why = absl::IsDeadlineExceeded(s) ? Death{.text = "timed out"}
-                                       : DeathReason(inst);
+    if (absl::IsDeadlineExceeded(s)) {
+      *why = Death{.text = "timed out"};
+    } else if (absl::IsCancelled(s)) {
+      *why = Death{.kind = call_wire::Failure::kNone,
+                   .text = "ended: its caller went away mid-stream"};
+    } else {
+      *why = DeathReason(inst);
+    }
     Release(pool, nullptr);
     logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), inst.id,
                 absl::StrCat("silt: instance ", inst.id, " ", role, why->text));
@@ -2145,8 +2174,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   }
 
   // A call from the gateway (CallPort): runs it in an instance of the
-  // function, taking an idle one or starting one.
-  void Call(call_wire::Request& req, call_wire::Reply* res) {
+  // function, taking an idle one or starting one. A streamed response goes
+  // out on `stream` as the function writes it; *res then ends it.
+  void Call(call_wire::Request& req, call_wire::Reply* res,
+            ReplyStream& stream) {
     using call_wire::Outcome;
     auto fail = [res](const absl::Status& s) {
       res->outcome = Outcome::kError;
@@ -2200,30 +2231,55 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     call.set_body(std::move(req.body));
     v1::WorkerReply reply;
     Death why;
-    absl::Status s =
-        CallInstance(*pool, **inst, call, deadline, "", &reply, &why);
     res->tier = tier;
     res->instance = (*inst)->id;
-    if (!s.ok()) {
+    if (tier != call_wire::StartTier::kWarm)
+      res->start_us = static_cast<uint32_t>((*inst)->start_ms * 1000);
+    auto parts = [&stream, res](v1::WorkerReply& part) {
+      if (stream.started()) return stream.Part(part.body());
+      call_wire::Reply head;
+      head.status = static_cast<uint16_t>(part.status());
+      for (auto& h : *part.mutable_headers())
+        head.headers.emplace_back(std::move(*h.mutable_name()),
+                                  std::move(*h.mutable_value()));
+      head.body = std::move(*part.mutable_body());
+      head.tier = res->tier;
+      head.start_us = res->start_us;
+      head.instance = res->instance;
+      return stream.Head(head);
+    };
+    absl::Status s = CallInstance(*pool, **inst, call, deadline, "", &reply,
+                                  &why, parts, stream.fd());
+    if (s.ok() && stream.started() && !reply.error().empty()) {
+      // The handler failed after its head was out: the body breaks off.
+      logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), (*inst)->id,
+                  absl::StrCat("silt: the streamed response of call ",
+                               call.call_id(), " broke off: ", reply.error()));
+      fail(absl::InternalError(reply.error()));
+      reply.clear_body();
+    } else if (!s.ok()) {
       if (absl::IsDeadlineExceeded(s))
         return fail(absl::DeadlineExceededError(
             absl::StrCat("function ", req.name, " timed out after ",
                          timeout.count(), " ms")));
       res->failure = why.kind;
+      if (stream.started())  // the body breaks off
+        return fail(absl::AbortedError(absl::StrCat(
+            "function ", req.name, " instance ", (*inst)->id, " ", why.text)));
       res->status = 502;
       res->body = absl::StrCat("function ", req.name, " instance ", (*inst)->id,
                                " ", why.text, "\n");
       res->headers.emplace_back("Content-Type", "text/plain; charset=utf-8");
       return;
     }
-    res->status = static_cast<uint16_t>(reply.status());
-    res->headers.reserve(reply.headers_size());
-    for (auto& h : *reply.mutable_headers())
-      res->headers.emplace_back(std::move(*h.mutable_name()),
-                                std::move(*h.mutable_value()));
+    if (!stream.started()) {
+      res->status = static_cast<uint16_t>(reply.status());
+      res->headers.reserve(reply.headers_size());
+      for (auto& h : *reply.mutable_headers())
+        res->headers.emplace_back(std::move(*h.mutable_name()),
+                                  std::move(*h.mutable_value()));
+    }
     res->body = std::move(*reply.mutable_body());
-    if (tier != call_wire::StartTier::kWarm)
-      res->start_us = static_cast<uint32_t>((*inst)->start_ms * 1000);
     (*inst)->fresh = false;
     if (!(*inst)->record_working_set.empty())
       RecordWorkingSet(std::exchange((*inst)->record_working_set, ""),
@@ -2825,9 +2881,8 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     auto port = CallPort::Listen(
         options.listen.substr(0, options.listen.rfind(':')) + ":0",
         impl->proclet_host->data_key(),
-        [p](call_wire::Request& req, call_wire::Reply* reply) {
-          p->Call(req, reply);
-        });
+        [p](call_wire::Request& req, call_wire::Reply* reply,
+            ReplyStream& stream) { p->Call(req, reply, stream); });
     if (!port.ok()) return port.status();
     impl->call_port = *std::move(port);
   }

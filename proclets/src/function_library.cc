@@ -61,10 +61,11 @@ absl::StatusOr<std::unique_ptr<FunctionLibrary>> FunctionLibrary::Load(
                      "silt/function.h and SILT_HANDLER)"));
   }
   uint32_t v = version();
-  if (v != SILT_ABI_VERSION) {
+  if (v < SILT_ABI_MIN_VERSION || v > SILT_ABI_VERSION) {
     return absl::FailedPreconditionError(absl::StrCat(
         path, " was built for Silt function ABI version ", v,
-        ", but this worker runs version ", SILT_ABI_VERSION,
+        ", but this worker runs versions ", SILT_ABI_MIN_VERSION, " to ",
+        SILT_ABI_VERSION,
         ": rebuild the function with this Silt's SDK (silt build)"));
   }
   impl->handle_fn =
@@ -92,26 +93,42 @@ absl::Status FunctionLibrary::Init(const CallContext& ctx) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<FunctionResult> FunctionLibrary::Handle(
-    const CallContext& ctx, const FunctionCall& call) {
+absl::StatusOr<FunctionResult> FunctionLibrary::Handle(const CallContext& ctx,
+                                                       const FunctionCall& call,
+                                                       const PartSink& parts) {
   silt_context c = MakeContext(ctx);
   std::vector<silt_header> headers;
   headers.reserve(call.headers.size());
   for (const auto& [k, v] : call.headers) headers.push_back({Str(k), Str(v)});
   silt_request req{Str(call.method), Str(call.path), Str(call.query),
                    headers.data(),   headers.size(), Str(call.body)};
-  FunctionResult result;
+  struct Host {
+    FunctionResult result;
+    const PartSink* parts;
+    bool broken = false;  // the sink refused a part: flush fails from now on
+  } host{{}, &parts};
   silt_response_writer out{
-      &result,
+      &host,
       [](void* h, int status) {
-        static_cast<FunctionResult*>(h)->status = status;
+        auto* self = static_cast<Host*>(h);
+        if (!self->result.streamed) self->result.status = status;
       },
       [](void* h, silt_str k, silt_str v) {
-        static_cast<FunctionResult*>(h)->headers.emplace_back(
-            std::string(k.data, k.len), std::string(v.data, v.len));
+        auto* self = static_cast<Host*>(h);
+        if (!self->result.streamed)
+          self->result.headers.emplace_back(std::string(k.data, k.len),
+                                            std::string(v.data, v.len));
       },
       [](void* h, const char* data, size_t len) {
-        static_cast<FunctionResult*>(h)->body.append(data, len);
+        static_cast<Host*>(h)->result.body.append(data, len);
+      },
+      [](void* h) {
+        auto* self = static_cast<Host*>(h);
+        if (self->broken || !*self->parts) return -1;
+        self->broken = !(*self->parts)(self->result);
+        self->result.streamed = true;
+        self->result.body.clear();
+        return self->broken ? -1 : 0;
       }};
   char error[1024] = {0};
   if (impl_->handle_fn(&c, &req, &out, error, sizeof(error)) != 0) {
@@ -119,7 +136,7 @@ absl::StatusOr<FunctionResult> FunctionLibrary::Handle(
         absl::StrCat("function ", ctx.function_name,
                      " failed: ", error[0] ? error : "no reason given"));
   }
-  return result;
+  return std::move(host.result);
 }
 
 absl::StatusOr<std::string> FunctionLibrary::Task(const CallContext& ctx,

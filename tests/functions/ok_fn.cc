@@ -15,6 +15,13 @@ static void AfterRestore(silt::Context&) { ++restores; }
 
 static silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
   if (req.path == "/throw") throw std::runtime_error("asked to throw");
+  if (req.path == "/stream") {
+    if (!ctx.BeginResponse(202, {{"Content-Type", "text/event-stream"}}))
+      return silt::Response::Text(500, "no streaming here");
+    ctx.Write("one;");
+    ctx.Write("two;");
+    return {299, {{"X-Ignored", "1"}}, "three"};
+  }
   silt::Response res =
       silt::Response::Text(201, greeting + ": " + std::string(req.body));
   res.headers.emplace_back("X-Path", std::string(req.path));

@@ -1,8 +1,11 @@
 // Functions end to end: real silt-gateway and silt-invoker processes on
 // loopback, functions built, pushed and deployed with the `silt` CLI, called
 // over HTTP as a user would.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +18,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -28,6 +32,100 @@ namespace silt::testing {
 namespace {
 
 using nlohmann::json;
+
+// One GET over a plain socket whose response is read as it arrives: the head,
+// then the body's chunks (chunked encoding) one at a time. Reads give up
+// after 30 s, so that a test never hangs on a body that does not come.
+class StreamReader {
+ public:
+  StreamReader(const std::string& url, const std::string& path) {
+    std::string hostport = url.substr(url.find("//") + 2);
+    size_t colon = hostport.rfind(':');
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(std::stoi(hostport.substr(colon + 1)));
+    inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &addr.sin_addr);
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    timeval tv{30, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+      return;
+    std::string req =
+        "GET " + path + " HTTP/1.1\r\nHost: " + hostport + "\r\n\r\n";
+    if (send(fd_, req.data(), req.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(req.size()))
+      return;
+    size_t end;
+    while ((end = in_.find("\r\n\r\n")) == std::string::npos)
+      if (!Fill()) return;
+    head_ = in_.substr(0, end + 2);
+    in_.erase(0, end + 4);
+  }
+  ~StreamReader() { Close(); }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+  // The status line and headers (empty if none came).
+  const std::string& head() const { return head_; }
+  // The body read so far.
+  const std::string& body() const { return body_; }
+  bool ended() const { return ended_; }
+
+  // Reads the next chunk into body(): false at the end (ended() says
+  // whether the body ended properly, with its last chunk) or on an error.
+  bool NextChunk() {
+    if (ended_ || head_.empty()) return false;
+    size_t eol;
+    while ((eol = in_.find("\r\n")) == std::string::npos)
+      if (!Fill()) return false;
+    size_t size = std::stoul(in_.substr(0, eol), nullptr, 16);
+    while (in_.size() < eol + 2 + size + 2)
+      if (!Fill()) return false;
+    body_.append(in_, eol + 2, size);
+    last_chunk_ = size;
+    in_.erase(0, eol + 2 + size + 2);
+    if (size == 0) ended_ = true;
+    return size > 0;
+  }
+  // Reads chunks until the body holds `text`; false if it ends first.
+  bool ReadUntil(const std::string& text) {
+    while (body_.find(text) == std::string::npos)
+      if (!NextChunk()) return false;
+    return true;
+  }
+  size_t last_chunk() const { return last_chunk_; }
+  // Hands over the body read so far (for a long one checked as it comes).
+  std::string TakeBody() { return std::exchange(body_, {}); }
+
+ private:
+  bool Fill() {
+    char buf[64 << 10];
+    ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+    if (n <= 0) return false;
+    in_.append(buf, static_cast<size_t>(n));
+    return true;
+  }
+  int fd_ = -1;
+  std::string in_, head_, body_;
+  bool ended_ = false;
+  size_t last_chunk_ = 0;
+};
+
+// What /proc/PID/status says of a process's memory, in KiB ("VmHWM").
+uint64_t ProcStatusKiB(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0)
+      return std::stoull(line.substr(field.size() + 1));
+  }
+  return 0;
+}
+
+// The probe's /stream body: byte i.
+char StreamByte(uint64_t i) { return static_cast<char>((i * 131) ^ (i >> 16)); }
 
 class FunctionsTest : public ::testing::Test {
  protected:
@@ -546,6 +644,105 @@ TEST_F(FunctionsTest, LogsFollow) {
   EXPECT_TRUE(line["timestamp"].get<std::string>().ends_with("Z"));
 }
 
+// A function's response streams: each server-sent event reaches the caller
+// before the next is written (the probe writes event i+1 only after this test
+// has read event i and put an item in a queue), through a client reading it
+// in parts, and the same response whole through one that reads to the end.
+TEST_F(FunctionsTest, EventStreamReachesTheCallerAsItIsWritten) {
+  Deploy({{"service", "probe"}});
+  StreamReader sse(gw_->url(), "/function/probe/events?n=3&q=sse-go");
+  ASSERT_TRUE(absl::StartsWith(sse.head(), "HTTP/1.1 200")) << sse.head();
+  EXPECT_TRUE(absl::StrContains(sse.head(), "text/event-stream")) << sse.head();
+  EXPECT_TRUE(absl::StrContains(absl::AsciiStrToLower(sse.head()),
+                                "transfer-encoding: chunked"))
+      << sse.head();
+  for (int i = 1; i <= 3; ++i) {
+    std::string event = absl::StrCat("data: event ", i, "\n\n");
+    ASSERT_TRUE(sse.ReadUntil(event)) << "event " << i << ": " << sse.body();
+    EXPECT_FALSE(absl::StrContains(sse.body(), absl::StrCat("event ", i + 1)))
+        << sse.body();
+    if (i < 3)
+      ASSERT_EQ(
+          Invoke("POST", "/function/probe/q/push?name=sse-go", "go").status,
+          200);
+  }
+  while (sse.NextChunk()) {
+  }
+  EXPECT_TRUE(sse.ended()) << sse.body();
+  EXPECT_EQ(sse.body(),
+            "data: event 1\n\ndata: event 2\n\ndata: event 3\n\ndata: end\n\n");
+
+  auto whole = Invoke("GET", "/function/probe/events?n=1&q=unused");
+  EXPECT_EQ(whole.status, 200);
+  EXPECT_EQ(whole.body, "data: event 1\n\ndata: end\n\n");
+  EXPECT_EQ(whole.Header("Content-Type"), "text/event-stream");
+  EXPECT_FALSE(whole.Header("X-Silt-Start").empty());
+}
+
+// A body far larger than any frame or buffer (the call path's frames stop at
+// 65 MiB) streams through both daemons, byte for byte, while neither one's
+// peak memory grows by more than a small bound.
+TEST_F(FunctionsTest, LargeStreamedBodyPassesWithBoundedMemory) {
+  Deploy({{"service", "probe"}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  pid_t gateway = gw_->process().pid();
+  pid_t invoker = invokers_["node-a"]->pid();
+  uint64_t gw_before = ProcStatusKiB(gateway, "VmHWM");
+  uint64_t inv_before = ProcStatusKiB(invoker, "VmHWM");
+  constexpr uint64_t kMiB = 200;
+  StreamReader r(gw_->url(), absl::StrCat("/function/probe/stream?mb=", kMiB));
+  ASSERT_TRUE(absl::StartsWith(r.head(), "HTTP/1.1 200")) << r.head();
+  uint64_t at = 0, wrong = 0;
+  while (r.NextChunk()) {
+    std::string part = r.TakeBody();
+    for (size_t j = 0; j < part.size(); ++j)
+      if (part[j] != StreamByte(at + j)) ++wrong;
+    at += part.size();
+  }
+  EXPECT_TRUE(r.ended());
+  EXPECT_EQ(at, kMiB << 20);
+  EXPECT_EQ(wrong, 0u);
+  uint64_t gw_growth = ProcStatusKiB(gateway, "VmHWM") - gw_before;
+  uint64_t inv_growth = ProcStatusKiB(invoker, "VmHWM") - inv_before;
+  printf("streamed %lu MiB: gateway peak RSS +%lu KiB, invoker +%lu KiB\n",
+         static_cast<unsigned long>(kMiB),
+         static_cast<unsigned long>(gw_growth),
+         static_cast<unsigned long>(inv_growth));
+  EXPECT_LT(gw_growth, 32u << 10);
+  EXPECT_LT(inv_growth, 32u << 10);
+}
+
+// A caller that leaves mid-stream ends the call: the gateway notices its
+// connection close, drops the call's connection to the invoker, and the
+// invoker ends the instance (its log says why); the function goes on
+// answering.
+TEST_F(FunctionsTest, CallerLeavingMidStreamEndsTheCall) {
+  Deploy({{"service", "probe"}});
+  {
+    StreamReader sse(gw_->url(), "/function/probe/events?n=3&q=leave-go");
+    ASSERT_TRUE(sse.ReadUntil("data: event 1\n\n")) << sse.body();
+  }
+  std::string logs;
+  EXPECT_TRUE(Eventually([&] {
+    logs = Silt({"logs", "probe"}).out;
+    return absl::StrContains(logs, "went away mid-stream");
+  })) << logs;
+  EXPECT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+}
+
+// A handler that fails after its head is out: the caller sees the body cut
+// short (no last chunk), not a made-up ending.
+TEST_F(FunctionsTest, HandlerFailingMidStreamCutsTheBodyShort) {
+  Deploy({{"service", "probe"}});
+  StreamReader r(gw_->url(), "/function/probe/throw-midway");
+  ASSERT_TRUE(absl::StartsWith(r.head(), "HTTP/1.1 200")) << r.head();
+  while (r.NextChunk()) {
+  }
+  EXPECT_FALSE(r.ended());
+  EXPECT_EQ(r.body(), "first part\n");
+  EXPECT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+}
+
 TEST_F(FunctionsTest, ExamplesDeployAndAnswer) {
   std::string examples = std::string(SILT_SOURCE_DIR) + "/examples";
   std::string work = dir_ + "/examples";
@@ -573,6 +770,18 @@ TEST_F(FunctionsTest, ExamplesDeployAndAnswer) {
   EXPECT_TRUE(absl::StrContains(r.body, "at /path")) << r.body;
   auto second = Invoke("GET", "/function/greeter");
   EXPECT_TRUE(absl::StartsWith(second.body, "Hi stranger")) << second.body;
+  {
+    // An http-mode server's unsized body streams as it writes it.
+    StreamReader sse(gw_->url(), "/function/greeter/events?n=2&q=greet-go");
+    ASSERT_TRUE(absl::StartsWith(sse.head(), "HTTP/1.1 200")) << sse.head();
+    ASSERT_TRUE(sse.ReadUntil("data: event 1\n\n")) << sse.body();
+    EXPECT_EQ(Invoke("POST", "/function/greeter/go?q=greet-go").status, 204);
+    ASSERT_TRUE(sse.ReadUntil("data: event 2\n\n")) << sse.body();
+    while (sse.NextChunk()) {
+    }
+    EXPECT_TRUE(sse.ended());
+    EXPECT_EQ(sse.body(), "data: event 1\n\ndata: event 2\n\n");
+  }
   // examples/state: a shared map and a job queue.
   EXPECT_EQ(Invoke("PUT", "/function/catalog?sku=42", "a lamp").body,
             "stored 42\n");

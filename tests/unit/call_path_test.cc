@@ -61,12 +61,51 @@ TEST(CallWire, RequestAndReplyRoundTrip) {
   EXPECT_EQ(cw::ParseColdStart("warm"), std::nullopt);
 }
 
+TEST(CallWire, StreamedReplyFrames) {
+  cw::Reply head;
+  head.head = true;
+  head.status = 200;
+  head.body = "first";
+  std::string f;
+  cw::AppendReply(&f, head);
+  cw::Reply back;
+  ASSERT_TRUE(cw::ParseReply(std::string_view(f).substr(4), &back));
+  EXPECT_TRUE(back.head);
+  EXPECT_EQ(back.body, "first");
+  std::string_view bytes;
+  EXPECT_FALSE(cw::ParseBodyPart(std::string_view(f).substr(4), &bytes));
+  std::string g;
+  cw::AppendBodyPart(&g, std::string("a\0b", 3));
+  ASSERT_TRUE(cw::ParseBodyPart(std::string_view(g).substr(4), &bytes));
+  EXPECT_EQ(bytes, std::string_view("a\0b", 3));
+  EXPECT_FALSE(cw::ParseReply(std::string_view(g).substr(4), &back));
+}
+
 class CallPathTest : public ::testing::Test {
  protected:
   void SetUp() override {
     key_.Set(std::string(32, 'k'));
     auto port = invoker::CallPort::Listen(
-        "127.0.0.1:0", key_, [this](cw::Request& req, cw::Reply* reply) {
+        "127.0.0.1:0", key_,
+        [this](cw::Request& req, cw::Reply* reply,
+               invoker::ReplyStream& stream) {
+          if (req.path == "/parts" || req.path == "/parts-broken") {
+            cw::Reply head;
+            head.status = 206;
+            head.headers = {{"Content-Type", "text/event-stream"}};
+            head.body = "head;";
+            head.tier = cw::StartTier::kRestore;
+            EXPECT_TRUE(stream.Head(head));
+            for (int i = 0; i < 3; ++i)
+              EXPECT_TRUE(stream.Part("part" + std::to_string(i) + ";"));
+            if (req.path == "/parts-broken") {
+              reply->outcome = cw::Outcome::kError;
+              reply->error = "instance died";
+              return;
+            }
+            reply->body = "end";
+            return;
+          }
           if (req.path == "/block") {
             std::unique_lock<std::mutex> l(mu_);
             cv_.wait(l, [&] { return released_; });
@@ -110,7 +149,20 @@ class CallPathTest : public ::testing::Test {
     std::promise<absl::StatusOr<cw::Reply>> p;
     c.Call(std::make_shared<const std::string>(std::move(frame)),
            Clock::now() + timeout,
-           [&](absl::StatusOr<cw::Reply> rep) { p.set_value(std::move(rep)); });
+           [&](absl::StatusOr<cw::Reply> rep,
+               std::shared_ptr<gateway::BodyStream> rest) {
+             rest_ = std::move(rest);
+             p.set_value(std::move(rep));
+           });
+    return p.get_future().get();
+  }
+
+  // The next part of the streamed body the last call left in rest_.
+  absl::StatusOr<gateway::BodyStream::Part> Pull() {
+    std::promise<absl::StatusOr<gateway::BodyStream::Part>> p;
+    rest_->Pull([&](absl::StatusOr<gateway::BodyStream::Part> part) {
+      p.set_value(std::move(part));
+    });
     return p.get_future().get();
   }
 
@@ -122,6 +174,7 @@ class CallPathTest : public ::testing::Test {
       work_{ioc_.get_executor()};
   std::thread io_thread_;
   std::unique_ptr<gateway::CallClient> client_;
+  std::shared_ptr<gateway::BodyStream> rest_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool released_ = false;
@@ -181,14 +234,57 @@ TEST_F(CallPathTest, CloseFailsCallsInFlight) {
   r.path = "/block";
   std::string frame;
   cw::AppendRequest(&frame, r);
-  c.Call(std::make_shared<const std::string>(std::move(frame)),
-         Clock::now() + std::chrono::seconds(30),
-         [&](absl::StatusOr<cw::Reply> rep) { p.set_value(std::move(rep)); });
+  c.Call(
+      std::make_shared<const std::string>(std::move(frame)),
+      Clock::now() + std::chrono::seconds(30),
+      [&](absl::StatusOr<cw::Reply> rep, std::shared_ptr<gateway::BodyStream>) {
+        p.set_value(std::move(rep));
+      });
   c.Close();
   auto got = p.get_future().get();
   EXPECT_TRUE(absl::IsUnavailable(got.status())) << got.status();
   // And later calls fail at once.
   EXPECT_TRUE(absl::IsUnavailable(Call(c, "/p").status()));
+}
+
+TEST_F(CallPathTest, AStreamedReplyIsPulledPartByPartThenTheConnectionIsKept) {
+  gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
+  auto head = Call(c, "/parts");
+  ASSERT_TRUE(head.ok()) << head.status();
+  ASSERT_NE(rest_, nullptr);
+  EXPECT_TRUE(head->head);
+  EXPECT_EQ(head->status, 206);
+  EXPECT_EQ(head->body, "head;");
+  EXPECT_EQ(head->tier, cw::StartTier::kRestore);
+  std::string body;
+  while (true) {
+    auto part = Pull();
+    ASSERT_TRUE(part.ok()) << part.status();
+    body += part->bytes;
+    if (part->last) break;
+  }
+  EXPECT_EQ(body, "part0;part1;part2;end");
+  // The stream is over; the connection serves the next call.
+  EXPECT_FALSE(Pull().ok());
+  auto r = Call(c, "/p", "again");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(rest_, nullptr);
+  EXPECT_EQ(r->body, "again!");
+}
+
+TEST_F(CallPathTest, AStreamedReplyThatBreaksOffIsAnErrorAtItsEnd) {
+  gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
+  ASSERT_TRUE(Call(c, "/parts-broken").ok());
+  ASSERT_NE(rest_, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    auto part = Pull();
+    ASSERT_TRUE(part.ok()) << part.status();
+    EXPECT_FALSE(part->last);
+  }
+  auto end = Pull();
+  EXPECT_FALSE(end.ok());
+  EXPECT_EQ(end.status().message(), "instance died");
+  EXPECT_TRUE(Call(c, "/p").ok());
 }
 
 TEST_F(CallPathTest, AConnectionClosedByTheNodeWhileIdleIsReplaced) {
@@ -197,11 +293,12 @@ TEST_F(CallPathTest, AConnectionClosedByTheNodeWhileIdleIsReplaced) {
   // The node restarts on the same address: its old connections are gone.
   std::string addr = port_->address();
   port_.reset();
-  auto port = invoker::CallPort::Listen(addr, key_,
-                                        [](cw::Request& req, cw::Reply* reply) {
-                                          reply->status = 201;
-                                          reply->body = req.body;
-                                        });
+  auto port = invoker::CallPort::Listen(
+      addr, key_,
+      [](cw::Request& req, cw::Reply* reply, invoker::ReplyStream&) {
+        reply->status = 201;
+        reply->body = req.body;
+      });
   ASSERT_TRUE(port.ok()) << port.status();
   port_ = *std::move(port);
   auto r = Call(c, "/p");

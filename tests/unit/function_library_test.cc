@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -48,6 +49,37 @@ TEST(FunctionLibrary, LoadsInitsAndHandles) {
   res = (*lib)->Handle(ctx, call);
   ASSERT_TRUE(res.ok());
   std::filesystem::remove_all(secrets);
+}
+
+TEST(FunctionLibrary, AHandlerStreamsItsResponseInParts) {
+  auto lib = FunctionLibrary::Load(TEST_FN_OK);
+  ASSERT_TRUE(lib.ok());
+  std::vector<FunctionResult> parts;
+  auto res = (*lib)->Handle({.function_name = "fn"}, {.path = "/stream"},
+                            [&](const FunctionResult& so_far) {
+                              parts.push_back(so_far);
+                              return true;
+                            });
+  ASSERT_TRUE(res.ok()) << res.status();
+  // The head (status and headers, no body), then each write as it came; the
+  // returned Response's body is what is left, its status and headers unused.
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_FALSE(parts[0].streamed);
+  EXPECT_EQ(parts[0].status, 202);
+  ASSERT_EQ(parts[0].headers.size(), 1u);
+  EXPECT_EQ(parts[0].headers[0].second, "text/event-stream");
+  EXPECT_EQ(parts[0].body, "");
+  EXPECT_TRUE(parts[1].streamed);
+  EXPECT_EQ(parts[1].body, "one;");
+  EXPECT_EQ(parts[2].body, "two;");
+  EXPECT_TRUE(res->streamed);
+  EXPECT_EQ(res->status, 202);
+  EXPECT_EQ(res->body, "three");
+  // Without a sink, a handler cannot stream: BeginResponse says so.
+  res = (*lib)->Handle({.function_name = "fn"}, {.path = "/stream"});
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->status, 500);
+  EXPECT_EQ(res->body, "no streaming here");
 }
 
 TEST(FunctionLibrary, HandlerExceptionIsAnError) {

@@ -12,6 +12,14 @@
 // byte of a frame is its Op. A connection opens with kHello (the cluster's
 // data key, which the gateway hands to its invokers); an invoker closes a
 // connection whose key does not match, or any malformed frame.
+//
+// A call's answer is one kReply, or, when the function streams its response
+// (silt/function.h Context::Write, an http-mode server's chunked or unsized
+// body), a kReplyHead (a Reply: status, headers, the first bytes of the body,
+// the start tier), any number of kBodyPart frames (the next bytes, as the
+// function wrote them), and a kReply that ends it (the last bytes; its status
+// and headers are not used; an outcome other than kAnswered, or a failure,
+// means the body broke off).
 #ifndef SILT_INVOKER_CALL_WIRE_H_
 #define SILT_INVOKER_CALL_WIRE_H_
 
@@ -25,9 +33,11 @@
 namespace silt::invoker::call_wire {
 
 enum class Op : uint8_t {
-  kHello = 1,    // str key
-  kRequest = 2,  // a Request
-  kReply = 3,    // a Reply
+  kHello = 1,      // str key
+  kRequest = 2,    // a Request
+  kReply = 3,      // a Reply
+  kReplyHead = 4,  // a Reply whose body goes on in the frames after it
+  kBodyPart = 5,   // raw bytes: the next part of a streamed body
 };
 
 // How the call must start its instance (X-Silt-Cold-Start; benchmarks and
@@ -78,6 +88,8 @@ struct Reply {
   // The function's instances on the node once the call is done, so that the
   // gateway's availableReplicas is right the moment the caller has its answer.
   uint32_t ready = 0, busy = 0;
+  // Sent (or read) as a kReplyHead: the body goes on in kBodyPart frames.
+  bool head = false;
 };
 
 // Largest frame either side accepts (a body of 64 MiB and its headers).
@@ -86,13 +98,19 @@ inline constexpr uint32_t kMaxFrameBytes = (64u << 20) + (1u << 20);
 // Append one whole frame (length prefix included) to *out.
 void AppendHello(std::string* out, std::string_view key);
 void AppendRequest(std::string* out, const Request& r);
-void AppendReply(std::string* out, const Reply& r);
+void AppendReply(std::string* out, const Reply& r);  // kReply or kReplyHead
+void AppendBodyPart(std::string* out, std::string_view bytes);
 
 // Parse a frame's payload (after the length prefix). False when it is not a
 // well-formed frame of that kind.
 bool ParseHello(std::string_view payload, std::string_view* key);
 bool ParseRequest(std::string_view payload, Request* r);
-bool ParseReply(std::string_view payload, Reply* r);
+bool ParseReply(std::string_view payload, Reply* r);  // either kind
+bool ParseBodyPart(std::string_view payload, std::string_view* bytes);
+// A frame's Op byte; 0 for an empty frame.
+inline uint8_t OpOf(std::string_view payload) {
+  return payload.empty() ? 0 : static_cast<uint8_t>(payload[0]);
+}
 
 }  // namespace silt::invoker::call_wire
 

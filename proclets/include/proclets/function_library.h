@@ -3,6 +3,7 @@
 #ifndef SILT_PROCLETS_FUNCTION_LIBRARY_H_
 #define SILT_PROCLETS_FUNCTION_LIBRARY_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -39,7 +40,9 @@ struct FunctionCall {
 struct FunctionResult {
   int status = 200;
   HeaderList headers;
-  std::string body;
+  std::string body;  // after a streamed head: the bytes not yet sent
+  // The handler flushed: status and headers went out with the first part.
+  bool streamed = false;
 };
 
 class FunctionLibrary {
@@ -54,10 +57,18 @@ class FunctionLibrary {
 
   // Runs silt_init if the bundle has one.
   absl::Status Init(const CallContext& ctx);
+  // Sends a part of a streamed response (the handler flushed): the status and
+  // headers (the first time: result.streamed is still false) and the body
+  // bytes in result.body. False when the call's connection is gone.
+  using PartSink = std::function<bool(const FunctionResult& so_far)>;
+
   // Runs the handler. A handler failure (non-zero return, exception) is an
-  // Internal error carrying the handler's message.
+  // Internal error carrying the handler's message. With `parts`, a handler
+  // may stream its response (silt_response_writer.flush); without, a flush
+  // fails. After a streamed head, the result's body holds the rest only.
   absl::StatusOr<FunctionResult> Handle(const CallContext& ctx,
-                                        const FunctionCall& call);
+                                        const FunctionCall& call,
+                                        const PartSink& parts = {});
   // Runs one compute task (silt_task) on `call` (a silt/state_wire.h
   // TaskCall); its reply: a StateCode byte, then the result or why it failed.
   // FailedPrecondition when the bundle has no silt_task (built by an older

@@ -19,7 +19,10 @@
 extern "C" {
 #endif
 
-#define SILT_ABI_VERSION 2u /* 2: silt_context.state */
+#define SILT_ABI_VERSION 3u /* 2: silt_context.state; 3: writer flush */
+/* The oldest bundle ABI a worker still loads (its writer has no flush, which
+ * it never calls). */
+#define SILT_ABI_MIN_VERSION 2u
 
 typedef struct silt_str {
   const char* data;
@@ -61,12 +64,19 @@ typedef struct silt_context {
   const silt_state_api* state; /* never NULL */
 } silt_context;
 
-/* How a handler writes its response: the host owns the storage. */
+/* How a handler writes its response: the host owns the storage. flush (ABI 3)
+ * sends what was written so far to the caller now: the status and headers
+ * with the first flush, then the body bytes appended since the last one. A
+ * response once flushed is streamed: later set_status and add_header calls
+ * are ignored, and what is appended after the last flush ends it when the
+ * handler returns. flush returns 0, or -1 when the call's connection is gone
+ * (the handler should return). */
 typedef struct silt_response_writer {
   void* host;
   void (*set_status)(void* host, int status);
   void (*add_header)(void* host, silt_str name, silt_str value);
   void (*append_body)(void* host, const char* data, size_t len);
+  int (*flush)(void* host);
 } silt_response_writer;
 
 /* Bundle exports. Return 0 on success; a non-zero return from silt_handle makes

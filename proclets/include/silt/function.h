@@ -12,6 +12,12 @@
 //   SILT_INIT(Init)
 //   SILT_HANDLER(Handle)
 //
+// A handler may stream its response (server-sent events, progress, output
+// too large to hold): ctx.BeginResponse(200, {{"Content-Type",
+// "text/event-stream"}}) sends the head, and each ctx.Write(part) reaches the
+// caller as it is written; the Response the handler then returns only ends
+// the stream (its body is the last part; its status and headers are unused).
+//
 // Init runs once per instance before the first request: put expensive set-up
 // there, it is what snapshots capture. SILT_AFTER_RESTORE(fn) runs in every
 // instance restored or forked from a snapshot, before its first request (Lambda
@@ -123,7 +129,9 @@ inline std::string NotRegistered() {
 
 class Context {
  public:
-  explicit Context(const silt_context* c) : c_(c) {}
+  explicit Context(const silt_context* c,
+                   const silt_response_writer* out = nullptr)
+      : c_(c), out_(out) {}
 
   std::string_view function_name() const { return View(c_->function_name); }
   std::string_view function_namespace() const {
@@ -230,6 +238,25 @@ class Context {
                       options);
   }
 
+  // Streams the response (in a handler only): sends the status and headers
+  // now. False when the call's connection is gone (return from the handler)
+  // or outside a handler.
+  bool BeginResponse(int status, const Headers& headers = {}) const {
+    if (out_ == nullptr) return false;
+    out_->set_status(out_->host, status);
+    for (const auto& [k, v] : headers)
+      out_->add_header(out_->host, {k.data(), k.size()}, {v.data(), v.size()});
+    return out_->flush(out_->host) == 0;
+  }
+  // Sends `part` to the caller now, after the head (BeginResponse, or a 200
+  // with no headers if it was not called). False when the call's connection
+  // is gone.
+  bool Write(std::string_view part) const {
+    if (out_ == nullptr) return false;
+    out_->append_body(out_->host, part.data(), part.size());
+    return out_->flush(out_->host) == 0;
+  }
+
   // One line to the instance's stdout / stderr (what `silt logs` shows).
   void Log(std::string_view line) const { WriteLine(stdout, line); }
   void Error(std::string_view line) const { WriteLine(stderr, line); }
@@ -258,6 +285,7 @@ class Context {
     fflush(f);
   }
   const silt_context* c_;
+  const silt_response_writer* out_;  // in a handler; null elsewhere
 };
 
 namespace internal {
@@ -284,7 +312,7 @@ inline int RunHandler(Response (*fn)(const Request&, Context&),
         std::string_view(r->headers[i].name.data, r->headers[i].name.len),
         std::string_view(r->headers[i].value.data, r->headers[i].value.len));
   }
-  Context ctx(c);
+  Context ctx(c, out);
   try {
     Response res = fn(req, ctx);
     out->set_status(out->host, res.status);

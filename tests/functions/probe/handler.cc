@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -306,6 +307,8 @@ silt::Response ComputeCall(std::string_view op, const silt::Request& req,
                  : StateError(st.code(), st.message());
 }
 
+char StreamByte(uint64_t i) { return static_cast<char>((i * 131) ^ (i >> 16)); }
+
 silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
   std::string_view path = req.path;
   if (path.substr(0, 9) == "/compute/")
@@ -336,6 +339,39 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
   if (path == "/forbidden") {
     syscall(SYS_unshare, CLONE_NEWUSER);  // not on the seccomp allow list
     return silt::Response::Text(200, "still alive?");
+  }
+  if (path == "/events") {
+    // Server-sent events, each written only once the queue `q` has an item
+    // (the test pushes one after reading the event before): an event that
+    // reached the caller only at the end would stall this for good.
+    int n = std::atoi(Param(req.query, "n").c_str());
+    auto go = ctx.Queue<std::string>(Param(req.query, "q"));
+    if (!ctx.BeginResponse(200, {{"Content-Type", "text/event-stream"},
+                                 {"Cache-Control", "no-cache"}}))
+      return {};
+    for (int i = 1; i <= n; ++i) {
+      if (!ctx.Write("data: event " + std::to_string(i) + "\n\n")) return {};
+      if (i < n && !go.Pop(std::chrono::seconds(30)).ok())
+        return {200, {}, "data: nobody said go\n\n"};
+    }
+    return {200, {}, "data: end\n\n"};
+  }
+  if (path == "/stream") {
+    // `mb` MiB in parts of 64 KiB: byte i is StreamByte(i).
+    uint64_t total = std::strtoull(Param(req.query, "mb").c_str(), nullptr, 10)
+                     << 20;
+    ctx.BeginResponse(200, {{"Content-Type", "application/octet-stream"}});
+    std::string part(64 << 10, '\0');
+    for (uint64_t at = 0; at < total; at += part.size()) {
+      for (size_t j = 0; j < part.size(); ++j) part[j] = StreamByte(at + j);
+      if (!ctx.Write(part)) return {};
+    }
+    return {};
+  }
+  if (path == "/throw-midway") {
+    ctx.BeginResponse(200, {{"Content-Type", "text/plain"}});
+    ctx.Write("first part\n");
+    throw std::runtime_error("failed after its first part");
   }
   if (path == "/sleep") {
     std::this_thread::sleep_for(
