@@ -775,7 +775,8 @@ TEST_F(FunctionsTest, ExamplesDeployAndAnswer) {
     StreamReader sse(gw_->url(), "/function/greeter/events?n=2&q=greet-go");
     ASSERT_TRUE(absl::StartsWith(sse.head(), "HTTP/1.1 200")) << sse.head();
     ASSERT_TRUE(sse.ReadUntil("data: event 1\n\n")) << sse.body();
-    EXPECT_EQ(Invoke("POST", "/function/greeter/go?q=greet-go").status, 204);
+    auto go = Invoke("POST", "/function/greeter/go?q=greet-go");
+    EXPECT_EQ(go.status, 204) << go.body << go.Header("X-Silt-Start");
     ASSERT_TRUE(sse.ReadUntil("data: event 2\n\n")) << sse.body();
     while (sse.NextChunk()) {
     }
