@@ -38,7 +38,9 @@ using nlohmann::json;
 // after 30 s, so that a test never hangs on a body that does not come.
 class StreamReader {
  public:
-  StreamReader(const std::string& url, const std::string& path) {
+  // With read_head false, only sends the request (head() stays empty).
+  StreamReader(const std::string& url, const std::string& path,
+               bool read_head = true) {
     std::string hostport = url.substr(url.find("//") + 2);
     size_t colon = hostport.rfind(':');
     sockaddr_in addr{};
@@ -53,7 +55,8 @@ class StreamReader {
     std::string req =
         "GET " + path + " HTTP/1.1\r\nHost: " + hostport + "\r\n\r\n";
     if (send(fd_, req.data(), req.size(), MSG_NOSIGNAL) !=
-        static_cast<ssize_t>(req.size()))
+            static_cast<ssize_t>(req.size()) ||
+        !read_head)
       return;
     size_t end;
     while ((end = in_.find("\r\n\r\n")) == std::string::npos)
@@ -728,6 +731,25 @@ TEST_F(FunctionsTest, CallerLeavingMidStreamEndsTheCall) {
     return absl::StrContains(logs, "went away mid-stream");
   })) << logs;
   EXPECT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+}
+
+// A caller that leaves while a whole (not streamed) answer is being made:
+// the call runs to its end, its instance goes back to the pool and serves
+// the next call warm, and nothing of the dropped call is left anywhere.
+TEST_F(FunctionsTest, CallerLeavingMidCallLeavesItsInstanceUsable) {
+  Deploy({{"service", "probe"}, {"labels", {{"com.openfaas.scale.max", "1"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  {
+    StreamReader dropped(gw_->url(), "/function/probe/sleep?ms=300",
+                         /*read_head=*/false);
+  }  // closed with the call in flight
+  // One instance at most: the next call waits for the dropped one to end,
+  // then gets that same instance, warm.
+  auto r = Invoke("GET", "/function/probe/identity");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("X-Silt-Start"), "warm");
+  EXPECT_TRUE(Eventually([&] { return Available("probe") == 1; }))
+      << Available("probe");
 }
 
 // A handler that fails after its head is out: the caller sees the body cut
