@@ -1,0 +1,390 @@
+// The call path: pools, taking and giving back instances, running a call or
+// a compute share in one, the Invoker service's logs.
+#include "invoker_impl.h"
+
+namespace silt::invoker {
+
+auto Invoker::Impl::PoolFor(const FunctionSpec& spec,
+                            std::shared_ptr<Bundle> bundle)
+    -> std::shared_ptr<Pool> {
+  std::lock_guard<std::mutex> l(mu);
+  auto& p = pools[Key(spec.namespace_(), spec.name())];
+  if (!p || p->spec.generation() != spec.generation()) {
+    auto fresh = std::make_shared<Pool>();
+    fresh->spec = spec;
+    fresh->snapshot_id = SnapshotIdOf(spec);
+    fresh->snapshot_wanted = snapshots_on && SnapshotsWanted(spec);
+    fresh->forkable =
+        !(bundle->manifest.kind == "exec" && bundle->manifest.mode == "http");
+    fresh->bundle = std::move(bundle);
+    if (p) fresh->min_instances = p->min_instances;
+    p = fresh;  // the old pool's instances stop as their calls end
+  }
+  return p;
+}
+
+int Invoker::Impl::MaxInstances(const FunctionSpec& spec) {
+  int max = options.max_instances_per_function;
+  if (auto it = spec.labels().find("com.openfaas.scale.max");
+      it != spec.labels().end()) {
+    int v = 0;
+    if (absl::SimpleAtoi(it->second, &v) && v > 0) max = std::min(max, v);
+  }
+  return max;
+}
+
+absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::Acquire(
+    std::shared_ptr<Pool> pool_ptr, Clock::time_point deadline,
+    call_wire::StartTier* tier, int headroom) {
+  Pool& pool = *pool_ptr;
+  std::unique_lock<std::mutex> l(mu);
+  while (true) {
+    if (!pool.idle.empty()) {
+      auto inst = std::move(pool.idle.back());
+      pool.idle.pop_back();
+      ++pool.busy;
+      *tier = call_wire::StartTier::kWarm;
+      return inst;
+    }
+    int total = pool.busy + pool.starting + static_cast<int>(pool.idle.size());
+    // Start an instance for this call unless one that the pool is filling in
+    // (for its minimum) will be free for it.
+    if (total < MaxInstances(pool.spec) + headroom &&
+        pool.filling <= pool.waiting) {
+      ++pool.starting;
+      l.unlock();
+      auto inst = StartFresh(pool_ptr);
+      l.lock();
+      --pool.starting;
+      if (!inst.ok()) {
+        pool.cv.notify_all();
+        return inst.status();
+      }
+      ++pool.busy;
+      *tier = (*inst)->tier;
+      return inst;
+    }
+    if (pool.waiting >= options.max_queue_per_function) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "function ", pool.spec.name(), " is at capacity: ", pool.busy,
+          " calls running and ", pool.waiting, " queued"));
+    }
+    ++pool.waiting;
+    bool ok = pool.cv.wait_until(l, deadline, [&] {
+      return !pool.idle.empty() ||
+             (pool.busy + pool.starting + static_cast<int>(pool.idle.size()) <
+                  MaxInstances(pool.spec) + headroom &&
+              pool.filling < pool.waiting);
+    });
+    --pool.waiting;
+    if (!ok)
+      return absl::DeadlineExceededError(
+          "timed out waiting for a free instance");
+  }
+}
+
+void Invoker::Impl::Release(Pool& pool, std::unique_ptr<Instance> inst,
+                            v1::InstanceCount* count) {
+  std::lock_guard<std::mutex> l(mu);
+  --pool.busy;
+  if (inst) {
+    inst->last_used = Clock::now();
+    pool.idle.push_back(std::move(inst));
+  }
+  if (count) *count = CountLocked(pool);
+  pool.cv.notify_one();
+}
+
+std::chrono::milliseconds Invoker::Impl::Timeout(const FunctionSpec& spec,
+                                                 uint64_t requested_ms) {
+  std::chrono::milliseconds t = requested_ms > 0
+                                    ? std::chrono::milliseconds(requested_ms)
+                                    : std::chrono::milliseconds(60000);
+  if (auto it = spec.env().find("exec_timeout"); it != spec.env().end()) {
+    if (auto d = ParseDuration(it->second); d && d->count() > 0)
+      t = std::min(t, *d);
+  }
+  return t;
+}
+
+absl::Status Invoker::Impl::CallInstance(Pool& pool, Instance& inst,
+                                         v1::WorkerCall& call,
+                                         Clock::time_point deadline,
+                                         const char* role,
+                                         v1::WorkerReply* reply, Death* why,
+                                         const Parts& parts, int watch) {
+  // A cold start may have used up the call's time: the call still goes
+  // out, with 1 ms, and the read waits 100 ms more at most (ReadFrame
+  // waits forever on a negative timeout: the call would run to its end).
+  auto Left = [deadline] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - Clock::now()));
+  };
+  call.set_timeout_ms(static_cast<uint64_t>(Left().count()));
+  absl::Status s = WriteFrame(inst.channel, call);
+  bool streaming = false;
+  while (s.ok()) {
+    if (streaming && watch >= 0)
+      s = AwaitFrame(inst.channel, watch,
+                     Left() + std::chrono::milliseconds(100));
+    if (s.ok())
+      s = ReadFrame(inst.channel, reply,
+                    Left() + std::chrono::milliseconds(100));
+    if (!s.ok() || !reply->more()) break;
+    streaming = true;
+    if (!parts || !parts(*reply))
+      s = absl::CancelledError("the caller went away mid-stream");
+  }
+  if (s.ok()) {
+    // The instance lives, but the OOM killer may have ended one of its
+    // processes (a classic fprocess): the failed call says why.
+    if (reply->status() >= 500 && inst.proc &&
+        inst.proc->cgroup().NewOomKills() > 0) {
+      std::string oom =
+          "a process was killed: out of memory (memory limit reached)";
+      reply->set_body(absl::StrCat(reply->body(), "silt: ", oom, "\n"));
+      logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), inst.id,
+                  absl::StrCat("silt: instance ", inst.id, " ", role, oom));
+    }
+    return s;
+  }
+  if (absl::IsDeadlineExceeded(s)) {
+    *why = Death{.text = "timed out"};
+  } else if (absl::IsCancelled(s)) {
+    *why = Death{.kind = call_wire::Failure::kNone,
+                 .text = "ended: its caller went away mid-stream"};
+  } else {
+    *why = DeathReason(inst);
+  }
+  Release(pool, nullptr);
+  logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), inst.id,
+              absl::StrCat("silt: instance ", inst.id, " ", role, why->text));
+  return s;
+}
+
+void Invoker::Impl::Call(call_wire::Request& req, call_wire::Reply* res,
+                         ReplyStream& stream) {
+  using call_wire::Outcome;
+  auto fail = [res](const absl::Status& s) {
+    res->outcome = Outcome::kError;
+    res->error_code = static_cast<uint8_t>(s.code());
+    res->error = std::string(s.message());
+  };
+  std::shared_ptr<Pool> pool;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    auto it = pools.find(Key(req.ns, req.name));
+    if (it != pools.end() && it->second->spec.generation() == req.generation)
+      pool = it->second;
+  }
+  if (!pool) {
+    FunctionSpec spec;
+    if (req.spec.empty() || !spec.ParseFromString(req.spec) ||
+        spec.generation() != req.generation) {
+      res->outcome = Outcome::kNeedSpec;
+      return;
+    }
+    auto bundle = EnsureBundle(spec.bundle_digest());
+    if (!bundle.ok()) return fail(bundle.status());
+    pool = PoolFor(spec, *bundle);
+  }
+  auto timeout = Timeout(pool->spec, req.timeout_ms);
+  auto deadline = Clock::now() + timeout;
+  call_wire::StartTier tier;
+  const ColdStart force = req.cold_start;
+  absl::StatusOr<std::unique_ptr<Instance>> inst;
+  if (force != ColdStart::kAny) {
+    inst = StartFresh(pool, force);
+    if (!inst.ok()) return fail(inst.status());
+    tier = (*inst)->tier;
+    std::lock_guard<std::mutex> l(mu);
+    ++pool->busy;
+  } else {
+    inst = Acquire(pool, deadline, &tier);
+    if (!inst.ok()) return fail(inst.status());
+  }
+
+  v1::WorkerCall call;
+  call.set_call_id(std::move(req.call_id));
+  call.set_method(std::move(req.method));
+  call.set_path(std::move(req.path));
+  call.set_query(std::move(req.query));
+  for (auto& [k, v] : req.headers) {
+    auto* h = call.add_headers();
+    h->set_name(std::move(k));
+    h->set_value(std::move(v));
+  }
+  call.set_body(std::move(req.body));
+  v1::WorkerReply reply;
+  Death why;
+  res->tier = tier;
+  res->instance = (*inst)->id;
+  if (tier != call_wire::StartTier::kWarm)
+    res->start_us = static_cast<uint32_t>((*inst)->start_ms * 1000);
+  auto parts = [&stream, res](v1::WorkerReply& part) {
+    if (stream.started()) return stream.Part(part.body());
+    call_wire::Reply head;
+    head.status = static_cast<uint16_t>(part.status());
+    for (auto& h : *part.mutable_headers())
+      head.headers.emplace_back(std::move(*h.mutable_name()),
+                                std::move(*h.mutable_value()));
+    head.body = std::move(*part.mutable_body());
+    head.tier = res->tier;
+    head.start_us = res->start_us;
+    head.instance = res->instance;
+    return stream.Head(head);
+  };
+  absl::Status s = CallInstance(*pool, **inst, call, deadline, "", &reply, &why,
+                                parts, stream.fd());
+  if (s.ok() && stream.started() && !reply.error().empty()) {
+    // The handler failed after its head was out: the body breaks off.
+    logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), (*inst)->id,
+                absl::StrCat("silt: the streamed response of call ",
+                             call.call_id(), " broke off: ", reply.error()));
+    fail(absl::InternalError(reply.error()));
+    reply.clear_body();
+  } else if (!s.ok()) {
+    if (absl::IsDeadlineExceeded(s))
+      return fail(absl::DeadlineExceededError(absl::StrCat(
+          "function ", req.name, " timed out after ", timeout.count(), " ms")));
+    res->failure = why.kind;
+    if (stream.started())  // the body breaks off
+      return fail(absl::AbortedError(absl::StrCat(
+          "function ", req.name, " instance ", (*inst)->id, " ", why.text)));
+    res->status = 502;
+    res->body = absl::StrCat("function ", req.name, " instance ", (*inst)->id,
+                             " ", why.text, "\n");
+    res->headers.emplace_back("Content-Type", "text/plain; charset=utf-8");
+    return;
+  }
+  if (!stream.started()) {
+    res->status = static_cast<uint16_t>(reply.status());
+    res->headers.reserve(reply.headers_size());
+    for (auto& h : *reply.mutable_headers())
+      res->headers.emplace_back(std::move(*h.mutable_name()),
+                                std::move(*h.mutable_value()));
+  }
+  res->body = std::move(*reply.mutable_body());
+  (*inst)->fresh = false;
+  if (!(*inst)->record_working_set.empty())
+    RecordWorkingSet(std::exchange((*inst)->record_working_set, ""),
+                     (*inst)->proc->pid());
+  v1::InstanceCount count;
+  if (force != ColdStart::kAny) {
+    // A forced start serves one call; the reaper tears the instance down
+    // after the answer is out.
+    Release(*pool, nullptr, &count);
+    std::lock_guard<std::mutex> l(mu);
+    graveyard.push_back(*std::move(inst));
+  } else {
+    Release(*pool, *std::move(inst), &count);
+  }
+  res->ready = count.ready();
+  res->busy = count.busy();
+}
+
+std::string Invoker::Impl::RunTask(const TaskTarget& t,
+                                   std::string_view task_call) {
+  std::shared_ptr<Pool> pool;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    auto it = pools.find(Key(t.ns, t.function));
+    if (it != pools.end() &&
+        (t.generation == 0 || it->second->spec.generation() == t.generation))
+      pool = it->second;
+  }
+  if (!pool)
+    return Error(wire::StateCode::kRetry,
+                 absl::StrCat("function ", t.function, " (version ",
+                              t.generation, ") is not on node ", node_name));
+  auto timeout = std::chrono::milliseconds(t.timeout_ms);
+  auto deadline = Clock::now() + timeout;
+  call_wire::StartTier tier;
+  int headroom = static_cast<int>(std::max(1u, Cores()));
+  auto inst = Acquire(pool, deadline, &tier, headroom);
+  if (!inst.ok())
+    return Error(absl::IsResourceExhausted(inst.status())
+                     ? wire::StateCode::kRetry
+                     : CodeOf(inst.status()),
+                 inst.status().message());
+  v1::WorkerCall call;
+  call.set_op("task");
+  call.set_call_id(absl::StrCat("task-", RandomId(8)));
+  call.set_body(std::string(task_call));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    task_channels.insert((*inst)->channel);
+    ++tasks_running;
+  }
+  v1::WorkerReply reply;
+  Death why;
+  absl::Status s = CallInstance(*pool, **inst, call, deadline,
+                                "(a compute proclet) ", &reply, &why);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    task_channels.erase((*inst)->channel);
+    --tasks_running;
+  }
+  if (!s.ok()) {
+    std::string id = (*inst)->id;
+    if (absl::IsDeadlineExceeded(s))
+      return Error(
+          wire::StateCode::kTimeout,
+          absl::StrCat("its share took longer than ", timeout.count(), " ms"));
+    return Error(wire::StateCode::kInternal,
+                 absl::StrCat("instance ", id, " ", why.text));
+  }
+  (*inst)->fresh = false;
+  Release(*pool, *std::move(inst));
+  if (reply.body().empty())
+    return Error(wire::StateCode::kInternal, "empty task reply");
+  return std::move(*reply.mutable_body());
+}
+
+uint32_t Invoker::Impl::Cores() const {
+  return options.cpus > 0 ? options.cpus : std::thread::hardware_concurrency();
+}
+
+TaskTarget Invoker::Impl::TargetOf(const std::string& ns,
+                                   const std::string& function) {
+  TaskTarget t;
+  t.ns = ns;
+  t.function = function;
+  std::lock_guard<std::mutex> l(mu);
+  auto it = pools.find(Key(ns, function));
+  if (it != pools.end()) {
+    t.generation = it->second->spec.generation();
+    t.timeout_ms = static_cast<uint32_t>(Timeout(it->second->spec, 0).count());
+  }
+  return t;
+}
+
+void Invoker::Impl::SetCluster(const v1::ClusterView& v) {
+  ClusterView::Nodes nodes;
+  for (const auto& n : v.nodes())
+    nodes.push_back({n.name(), n.data_address(), n.cores(), n.cpu_used(),
+                     n.draining(), n.tasks(), n.hot()});
+  cluster.Set(std::move(nodes));
+}
+
+grpc::Status Invoker::Impl::Logs(grpc::ServerContext* ctx,
+                                 const v1::LogsRequest* req,
+                                 grpc::ServerWriter<v1::LogEntry>* writer) {
+  logs.Read(
+      Key(req->namespace_(), req->name()), req->since_unix_nanos(), req->tail(),
+      req->follow(),
+      [&](const LogLine& line) {
+        v1::LogEntry e;
+        e.set_name(req->name());
+        e.set_namespace_(req->namespace_());
+        e.set_instance(line.instance);
+        e.set_timestamp_unix_nanos(line.ts);
+        e.set_text(line.text);
+        return writer->Write(e);
+      },
+      [&] { return ctx->IsCancelled() || Stopping(); });
+  return grpc::Status::OK;
+}
+
+}  // namespace silt::invoker
