@@ -62,15 +62,14 @@ struct CallClient::Pool : std::enable_shared_from_this<Pool> {
   }
 };
 
-// One connection. While a call is on it, only its strand touches it. While
-// a streamed reply's body is read, it is that body's BodyStream.
-struct CallClient::Conn : std::enable_shared_from_this<Conn>, BodyStream {
+// One connection. While a call is on it, only its strand touches it.
+struct CallClient::Conn : std::enable_shared_from_this<Conn> {
   explicit Conn(std::shared_ptr<Pool> p)
       : pool(std::move(p)),
         strand(asio::make_strand(pool->ioc)),
         sock(strand),
         timer(strand) {}
-  ~Conn() override {
+  ~Conn() {
     std::lock_guard<std::mutex> l(pool->mu);
     pool->busy.erase(this);
   }
@@ -162,7 +161,8 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn>, BodyStream {
     out.reset();
     if (reply.head) {
       streaming = true;
-      return d(std::move(reply), shared_from_this());
+      return d(std::move(reply),
+               std::make_shared<Body>(shared_from_this(), seq));
     }
     timer.cancel();
     Idle();
@@ -175,7 +175,7 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn>, BodyStream {
     pull = nullptr;
     std::string_view bytes;
     if (cw::ParseBodyPart(payload, &bytes)) {
-      Part part{std::string(bytes), false};
+      BodyStream::Part part{std::string(bytes), false};
       Consume(need);
       return next(std::move(part));
     }
@@ -191,7 +191,7 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn>, BodyStream {
     Idle();
     if (end.outcome == cw::Outcome::kAnswered &&
         end.failure == cw::Failure::kNone)
-      return next(Part{std::move(end.body), true});
+      return next(BodyStream::Part{std::move(end.body), true});
     next(absl::AbortedError(end.error.empty() ? "the function's instance died"
                                               : end.error));
   }
@@ -262,23 +262,35 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn>, BodyStream {
     if (d) d(std::move(s), nullptr);
   }
 
-  // BodyStream. Posted, never inline: a caller that pulls again from its
-  // `next` does not recurse.
-  void Pull(Next next) override {
-    asio::post(
-        strand, [self = shared_from_this(), next = std::move(next)]() mutable {
-          if (!self->streaming)
-            return next(absl::FailedPreconditionError("the body is over"));
-          self->pull = std::move(next);
-          self->TakeFrame();
-        });
+  // For the body of call `call` (Body). Posted, never inline: a caller that
+  // pulls again from its `next` does not recurse.
+  void PullFor(uint64_t call, BodyStream::Next next) {
+    asio::post(strand, [self = shared_from_this(), call,
+                        next = std::move(next)]() mutable {
+      if (call != self->seq || !self->streaming)
+        return next(absl::FailedPreconditionError("the body is over"));
+      self->pull = std::move(next);
+      self->TakeFrame();
+    });
   }
-  void Cancel() override {
-    asio::post(strand, [self = shared_from_this()] {
-      if (!self->streaming) return;
+  void CancelFor(uint64_t call) {
+    asio::post(strand, [self = shared_from_this(), call] {
+      if (call != self->seq || !self->streaming) return;
       self->Fail(absl::CancelledError("the body is no longer wanted"));
     });
   }
+
+  // The body of one streamed reply. Its connection goes back to the pool
+  // when the body ends and may then carry a later call: what a late Pull or
+  // Cancel asks is for this call only.
+  struct Body final : BodyStream {
+    Body(std::shared_ptr<Conn> conn, uint64_t call)
+        : conn(std::move(conn)), call(call) {}
+    void Pull(Next next) override { conn->PullFor(call, std::move(next)); }
+    void Cancel() override { conn->CancelFor(call); }
+    const std::shared_ptr<Conn> conn;
+    const uint64_t call;
+  };
 };
 
 CallClient::CallClient(const std::vector<asio::io_context*>& contexts,

@@ -308,6 +308,9 @@ class Session : public std::enable_shared_from_this<Session> {
                          return self->Close();
                        }
                        self->part_ = std::move(part->bytes);
+                       // The body is over: nothing more is asked of it (its
+                       // connection may carry another call by now).
+                       if (part->last) self->parts_.reset();
                        self->WritePart(part->last);
                      });
     });
