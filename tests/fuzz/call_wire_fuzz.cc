@@ -42,9 +42,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(len == again.size() - 4);
   }
   cw::Reply reply;
-  if (cw::ParseReply(in, &reply)) {
+  if (cw::ParseReply(in, &reply)) {  // a whole reply or a streamed one's head
     std::string again;
     cw::AppendReply(&again, reply);
+    Check(Payload(again) == in);
+    Check(reply.head == (in[0] == static_cast<char>(cw::Op::kReplyHead)));
+  }
+  std::string_view part;
+  if (cw::ParseBodyPart(in, &part)) {
+    std::string again;
+    cw::AppendBodyPart(&again, part);
     Check(Payload(again) == in);
   }
   return 0;
