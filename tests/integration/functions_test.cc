@@ -711,8 +711,15 @@ TEST_F(FunctionsTest, LargeStreamedBodyPassesWithBoundedMemory) {
          static_cast<unsigned long>(kMiB),
          static_cast<unsigned long>(gw_growth),
          static_cast<unsigned long>(inv_growth));
+#if !defined(__SANITIZE_ADDRESS__)
   EXPECT_LT(gw_growth, 32u << 10);
   EXPECT_LT(inv_growth, 32u << 10);
+#else
+  // Not under ASan: its quarantine keeps freed memory (256 MiB by default),
+  // so the daemons' peak RSS there says nothing about what they hold.
+  (void)gw_growth;
+  (void)inv_growth;
+#endif
 }
 
 // A caller that leaves mid-stream ends the call: the gateway notices its
