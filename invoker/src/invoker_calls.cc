@@ -316,6 +316,8 @@ std::string Invoker::Impl::RunTask(const TaskTarget& t,
     std::lock_guard<std::mutex> l(mu);
     task_channels.insert((*inst)->channel);
     ++tasks_running;
+    tasks_peak_pulse = std::max(tasks_peak_pulse, tasks_running);
+    tasks_peak_report = std::max(tasks_peak_report, tasks_running);
   }
   v1::WorkerReply reply;
   Death why;

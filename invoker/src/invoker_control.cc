@@ -169,7 +169,7 @@ LoadPulse::Sample Invoker::Impl::PulseSample() {
   s.memory_used = node_cgroup->MemoryUsageBytes() +
                   proclet_host->shard_bytes() + proclet_host->spare_bytes();
   std::lock_guard<std::mutex> l(mu);
-  s.tasks = tasks_running;
+  s.tasks = std::exchange(tasks_peak_pulse, tasks_running);
   for (const auto& [key, pool] : pools)
     s.busy += static_cast<uint32_t>(pool->busy);
   last_sample = s;
@@ -213,7 +213,7 @@ v1::LoadReport Invoker::Impl::Report(uint64_t seq) {
   }
   r.set_shard_bytes(shard_bytes);
   r.set_state_ops(proclet_host->ops());
-  r.set_tasks(tasks_running);
+  r.set_tasks(std::exchange(tasks_peak_report, tasks_running));
   {
     uint64_t cpu = node_cgroup->CpuUsageNanos();
     auto now = Clock::now();

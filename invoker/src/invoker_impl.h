@@ -326,6 +326,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // when the invoker stops, so their waits end).
   std::set<int> task_channels;
   uint32_t tasks_running = 0;
+  // The most that ran at once since the last pulse and the last report (what
+  // they send: a node running shares back to back must not read as running
+  // none when a sample falls between two shares).
+  uint32_t tasks_peak_pulse = 0, tasks_peak_report = 0;
   LoadPulse::Sample last_sample;  // the connector thread's
   // The node cgroup's CPU time at the last report (under mu).
   uint64_t cpu_nanos = 0;
