@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "proclets/json_integer.h"
 
 namespace silt::gateway {
 namespace {
@@ -82,20 +83,21 @@ absl::StatusOr<AsyncRecord> DecodeAsyncRecord(absl::string_view key,
     r.call.headers = headers(j.at("headers"));
     r.call.body = str(j.at("body"));
     r.call.callback_url = j.at("callback").get<std::string>();
-    int state = j.at("state").get<int>();
+    int state = proclets::JsonIntegerAt<int>(j, "state");
     if (state < 1 || state > 3) return corrupt("unknown state");
     r.state = static_cast<AsyncState>(state);
-    r.seq = j.at("seq").get<uint64_t>();
-    r.enqueued_ms = j.at("enqueued").get<int64_t>();
-    r.next_ms = j.at("next").get<int64_t>();
-    r.attempts = j.at("attempts").get<uint32_t>();
-    r.callback_attempts = j.at("callback_attempts").get<uint32_t>();
-    r.last_status = j.at("last_status").get<int>();
+    r.seq = proclets::JsonIntegerAt<uint64_t>(j, "seq");
+    r.enqueued_ms = proclets::JsonIntegerAt<int64_t>(j, "enqueued");
+    r.next_ms = proclets::JsonIntegerAt<int64_t>(j, "next");
+    r.attempts = proclets::JsonIntegerAt<uint32_t>(j, "attempts");
+    r.callback_attempts =
+        proclets::JsonIntegerAt<uint32_t>(j, "callback_attempts");
+    r.last_status = proclets::JsonIntegerAt<int>(j, "last_status");
     r.last_error = j.at("last_error").get<std::string>();
     if (auto it = j.find("result"); it != j.end()) {
       r.has_result = true;
       r.failed = it->at("failed").get<bool>();
-      r.result_status = it->at("status").get<int>();
+      r.result_status = proclets::JsonIntegerAt<int>(*it, "status");
       r.result_headers = headers(it->at("headers"));
       r.result_body = str(it->at("body"));
       r.duration_s = it->at("duration").get<double>();

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "proclets/json_integer.h"
 
 namespace silt::gateway {
 namespace {
@@ -26,10 +27,16 @@ absl::StatusOr<BundleInfo> Decode(absl::string_view text) {
   if (j.is_discarded() || !j.is_object())
     return absl::DataLossError("corrupt bundle record");
   BundleInfo b;
-  b.digest = j.value("digest", "");
-  b.size = j.value("size", uint64_t{0});
-  auto m = proclets::ParseManifest(
-      j.value("manifest", nlohmann::json::object()).dump());
+  std::string manifest;
+  try {
+    b.digest = j.value("digest", "");
+    b.size = proclets::JsonIntegerOr(j, "size", uint64_t{0});
+    manifest = j.value("manifest", nlohmann::json::object()).dump();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("corrupt bundle record: ", e.what()));
+  }
+  auto m = proclets::ParseManifest(manifest);
   if (!m.ok()) return m.status();
   b.manifest = *m;
   return b;

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
+#include "proclets/json_integer.h"
 
 namespace silt::proclets {
 namespace {
@@ -99,7 +100,7 @@ absl::StatusOr<BundleManifest> ParseManifest(absl::string_view text) {
   BundleManifest m;
   try {
     m.kind = j.value("kind", "");
-    m.abi = j.value("abi", 0u);
+    m.abi = JsonIntegerOr(j, "abi", 0u);
     m.entry = j.value("entry", "");
     m.mode = j.value("mode", "");
     m.upstream_url = j.value("upstream_url", "");
