@@ -1,7 +1,9 @@
 // silt-worker: one function instance. Started by the invoker inside a sandbox
 // with the channel to the invoker on fd 3. Reads its WorkerConfig, gets the
 // function ready (loads the native bundle and runs its init, or starts the exec
-// server), reports WorkerReady, then serves WorkerCalls one at a time.
+// server), reports WorkerReady, then serves WorkerCalls: one at a time, or,
+// for a native function that declared itself thread-safe (SILT_CONCURRENCY),
+// up to its concurrency at once on threads of their own (CallThreads).
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -21,14 +23,17 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>  // Boost 1.74 Asio under C++20 + GCC 12 needs this first.
 #include <vector>
 
@@ -226,12 +231,24 @@ WorkerReply Error(int status, const std::string& msg) {
   return r;
 }
 
+// Frames to the invoker go out whole, one at a time: calls that run at once
+// write their replies and parts from their own threads.
+std::mutex g_channel_write_mu;
+
+// Sends a reply (or a part of one) for call `seq`. False when the invoker is
+// gone.
+bool SendReply(WorkerReply& r, uint64_t seq) {
+  r.set_seq(seq);
+  std::lock_guard<std::mutex> l(g_channel_write_mu);
+  return WriteFrame(kChannel, r).ok();
+}
+
 // The largest body part one frame carries: a bigger write goes as several.
 constexpr size_t kMaxPart = 1 << 20;
 
-// Sends one part of a streamed response (the head with the first: `head`
-// non-null). False when the invoker is gone.
-bool SendPart(const WorkerReply* head, absl::string_view body) {
+// Sends one part of call `seq`'s streamed response (the head with the first:
+// `head` non-null). False when the invoker is gone.
+bool SendPart(uint64_t seq, const WorkerReply* head, absl::string_view body) {
   do {
     WorkerReply part;
     if (head != nullptr) {
@@ -243,7 +260,7 @@ bool SendPart(const WorkerReply* head, absl::string_view body) {
     body.remove_prefix(now.size());
     part.set_body(std::string(now));
     part.set_more(true);
-    if (!WriteFrame(kChannel, part).ok()) return false;
+    if (!SendReply(part, seq)) return false;
   } while (!body.empty());
   return true;
 }
@@ -352,11 +369,27 @@ class NativeRuntime {
         proclets::FunctionLibrary::Load(cfg.bundle_dir() + "/" + cfg.entry());
     if (!lib.ok()) return lib.status();
     lib_ = *std::move(lib);
-    return lib_->Init(ctx_);
+    if (absl::Status s = lib_->Init(ctx_); !s.ok()) return s;
+    concurrency_ = lib_->MaxConcurrency();
+    if (auto it = cfg.spec().labels().find("com.silt.concurrency");
+        it != cfg.spec().labels().end()) {
+      uint32_t most = 0;
+      if (absl::SimpleAtoi(it->second, &most) && most > 0)
+        concurrency_ = std::min(concurrency_, most);
+    }
+    return absl::OkStatus();
   }
 
+  // How many calls run at once: what the function declared, at most what its
+  // deployment's com.silt.concurrency label allows.
+  uint32_t Concurrency() const { return concurrency_; }
+  // No call runs: the processes they left behind are ended.
+  void CallsEnded() { EndCallLeftovers(); }
+
+  // Runs on the call's own thread when calls run at once: ctx_ is only read.
   WorkerReply Call(const WorkerCall& c) {
-    ctx_.call_id = c.call_id();
+    proclets::CallContext ctx = ctx_;
+    ctx.call_id = c.call_id();
     proclets::FunctionCall call;
     call.method = c.method();
     call.path = c.path();
@@ -366,7 +399,7 @@ class NativeRuntime {
     call.body = c.body();
     bool streamed = false;
     auto res = lib_->Handle(
-        ctx_, call, [&streamed](const proclets::FunctionResult& so_far) {
+        ctx, call, [&streamed, &c](const proclets::FunctionResult& so_far) {
           WorkerReply head;
           if (!so_far.streamed) {
             head.set_status(so_far.status);
@@ -377,10 +410,9 @@ class NativeRuntime {
             }
           }
           streamed = true;
-          return SendPart(so_far.streamed ? nullptr : &head, so_far.body);
+          return SendPart(c.seq(), so_far.streamed ? nullptr : &head,
+                          so_far.body);
         });
-    ctx_.call_id.clear();
-    EndCallLeftovers();
     if (streamed) {
       if (!res.ok()) return StreamEnd("", std::string(res.status().message()));
       return StreamEnd(std::move(res->body));
@@ -400,9 +432,9 @@ class NativeRuntime {
   // A compute proclet's share of a job: the reply body is the task's reply
   // (silt/abi.h silt_task).
   WorkerReply Task(const WorkerCall& c) {
-    ctx_.call_id = c.call_id();
-    auto res = lib_->Task(ctx_, c.body());
-    ctx_.call_id.clear();
+    proclets::CallContext ctx = ctx_;
+    ctx.call_id = c.call_id();
+    auto res = lib_->Task(ctx, c.body());
     if (!res.ok()) return TaskError(res.status().message());
     return Ok(*std::move(res));
   }
@@ -419,6 +451,7 @@ class NativeRuntime {
  private:
   proclets::CallContext ctx_;
   std::unique_ptr<proclets::FunctionLibrary> lib_;
+  uint32_t concurrency_ = 1;
 };
 
 // ---- exec, classic: fork fprocess per request ----
@@ -607,6 +640,8 @@ class ClassicRuntime {
   }
   void BeforePark() {}
   void Resumed(const std::string&, uint64_t seed) { Reseed(seed); }
+  uint32_t Concurrency() const { return 1; }
+  void CallsEnded() {}
 
  private:
   std::vector<std::string> argv_;
@@ -730,7 +765,7 @@ class HttpRuntime {
         if (!res.keep_alive()) stream_.reset();
         return r;
       }
-      return Relay(parser, buffer, r);
+      return Relay(parser, buffer, r, c.seq());
     }
     return Error(502, "cannot reach the function server");
   }
@@ -738,8 +773,9 @@ class HttpRuntime {
   // Sends the head at once, then passes the body on as it comes, each read a
   // part. The connection stays only if the body ended cleanly.
   WorkerReply Relay(http::response_parser<http::buffer_body>& parser,
-                    beast::flat_buffer& buffer, const WorkerReply& head) {
-    if (!SendPart(&head, {})) {
+                    beast::flat_buffer& buffer, const WorkerReply& head,
+                    uint64_t seq) {
+    if (!SendPart(seq, &head, {})) {
       stream_.reset();
       return StreamEnd("", "the invoker is gone");
     }
@@ -752,7 +788,7 @@ class HttpRuntime {
       if (ec == http::error::need_buffer) ec = {};
       if (ec) break;
       size_t n = part.size() - parser.get().body().size;
-      if (n > 0 && !SendPart(nullptr, {part.data(), n})) {
+      if (n > 0 && !SendPart(seq, nullptr, {part.data(), n})) {
         stream_.reset();
         return StreamEnd("", "the invoker is gone");
       }
@@ -773,6 +809,8 @@ class HttpRuntime {
   }
   void BeforePark() { stream_.reset(); }
   void Resumed(const std::string&, uint64_t seed) { Reseed(seed); }
+  uint32_t Concurrency() const { return 1; }
+  void CallsEnded() {}
 
  private:
   absl::Status Connect() {
@@ -850,6 +888,7 @@ bool ParkAndResume(Runtime& rt) {
   if (!resume.as_template()) rt.Resumed(resume.instance_id(), resume.seed());
   v1::WorkerReady ready;
   ready.set_ok(true);
+  ready.set_concurrency(rt.Concurrency());
   return WriteFrame(kChannel, ready).ok();
 }
 
@@ -877,6 +916,7 @@ bool TemplateLoop(Runtime& rt) {
       rt.Resumed(fork_call.instance_id(), fork_call.seed());
       v1::WorkerReady ready;
       ready.set_ok(true);
+      ready.set_concurrency(rt.Concurrency());
       if (!WriteFrame(kChannel, ready).ok()) _exit(0);
       return true;
     }
@@ -905,21 +945,98 @@ void RedrawStackCanary() {
 }
 
 template <typename Runtime>
+WorkerReply Answer(Runtime& rt, const WorkerCall& call) {
+  return call.op() == "task" ? rt.Task(call) : rt.Call(call);
+}
+
+// Runs the calls of a function that takes several at once, each on a thread
+// of up to Concurrency() (started as calls come, kept while the worker
+// serves). A frame comes whole from one thread at a time (SendReply).
+// CallsEnded runs when no call does; no call starts meanwhile.
+template <typename Runtime>
+class CallThreads {
+ public:
+  explicit CallThreads(Runtime& rt) : rt_(rt) {}
+  ~CallThreads() { Stop(); }
+
+  void Run(WorkerCall call) {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.push_back(std::move(call));
+    if (waiting_ == 0 && threads_.size() < rt_.Concurrency())
+      threads_.emplace_back([this] { Loop(); });
+    else
+      cv_.notify_one();
+  }
+
+  // Waits for the running calls (the invoker parks or templates an idle
+  // instance: none) and ends the threads; Run starts new ones.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = false;
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (true) {
+      ++waiting_;
+      cv_.wait(l, [this] { return stopping_ || !queue_.empty(); });
+      --waiting_;
+      if (queue_.empty()) return;  // stopping
+      WorkerCall call = std::move(queue_.front());
+      queue_.pop_front();
+      ++running_;
+      l.unlock();
+      WorkerReply reply = Answer(rt_, call);
+      SendReply(reply, call.seq());
+      l.lock();
+      if (--running_ == 0 && queue_.empty()) rt_.CallsEnded();
+    }
+  }
+
+  Runtime& rt_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<WorkerCall> queue_;  // guarded by mu_
+  int waiting_ = 0;               // threads with no call (mu_)
+  int running_ = 0;               // calls running (mu_)
+  bool stopping_ = false;         // (mu_)
+  std::vector<std::thread> threads_;
+};
+
+template <typename Runtime>
 __attribute__((no_stack_protector)) int Serve(const WorkerConfig& cfg) {
   Runtime rt;
   StartStateApi();  // first: an http-mode server inherits SILT_STATE_URL
   absl::Status s = rt.Start(cfg);
   v1::WorkerReady ready;
   ready.set_ok(s.ok());
+  ready.set_concurrency(s.ok() ? rt.Concurrency() : 1);
   if (!s.ok()) {
     ready.set_error(std::string(s.message()));
     fprintf(stderr, "silt-worker: %s\n", ready.error().c_str());
   }
   if (!WriteFrame(kChannel, ready).ok() || !s.ok()) return 1;
+  CallThreads<Runtime> threads(rt);
   while (true) {
     WorkerCall call;
     absl::Status r = ReadFrame(kChannel, &call);
-    if (!r.ok()) return 0;  // the invoker closed the channel: stop
+    if (!r.ok()) {
+      // The invoker closed the channel: stop (whatever calls still run).
+      if (rt.Concurrency() <= 1) return 0;
+      fflush(stdout);
+      fflush(stderr);
+      _exit(0);
+    }
+    if (call.op() == "park" || call.op() == "template")
+      threads.Stop();  // no thread may be in the image or the template
     if (call.op() == "park") {
       StopStateApi();
       rt.BeforePark();
@@ -935,8 +1052,13 @@ __attribute__((no_stack_protector)) int Serve(const WorkerConfig& cfg) {
       RedrawStackCanary();
       continue;  // a clone
     }
-    WorkerReply reply = call.op() == "task" ? rt.Task(call) : rt.Call(call);
-    if (!WriteFrame(kChannel, reply).ok()) return 0;
+    if (rt.Concurrency() > 1) {
+      threads.Run(std::move(call));
+      continue;
+    }
+    WorkerReply reply = Answer(rt, call);
+    rt.CallsEnded();
+    if (!SendReply(reply, call.seq())) return 0;
   }
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "autoscaler.h"
 #include "proclets/bundle.h"
+#include "silt/abi.h"
 #include "silt/version.h"
 
 namespace silt::gateway {
@@ -451,6 +452,15 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
   }
   if (d->labels)
     if (auto p = ParseScalePolicy(*d->labels); !p.ok()) return p.status();
+  // Calls an instance takes at once: a thread-safe C++ function's
+  // SILT_CONCURRENCY, lowered by this label (never raised).
+  auto concurrency = ScaleLabel(*d, "com.silt.concurrency");
+  if (!concurrency.ok()) return concurrency.status();
+  if (*concurrency &&
+      (**concurrency < 1 || **concurrency > SILT_MAX_CONCURRENCY))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "label com.silt.concurrency=", **concurrency, " must be from 1 to ",
+        SILT_MAX_CONCURRENCY, " (calls an instance takes at once)"));
   for (const auto& secret : d->secrets) {
     auto s = store_->FindSecret(*ns, secret);
     if (absl::IsNotFound(s))

@@ -33,18 +33,42 @@ int Invoker::Impl::MaxInstances(const FunctionSpec& spec) {
   return max;
 }
 
-absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::Acquire(
-    std::shared_ptr<Pool> pool_ptr, Clock::time_point deadline,
-    call_wire::StartTier* tier, int headroom) {
+Instance* Invoker::Impl::OpenLocked(Pool& pool) {
+  Instance* best = nullptr;
+  for (const auto& inst : pool.sharing) {
+    if (inst->retired || inst->calls >= static_cast<int>(inst->concurrency))
+      continue;
+    if (best == nullptr || inst->calls > best->calls) best = inst.get();
+  }
+  return best;
+}
+
+Lease Invoker::Impl::LeaseLocked(Pool& pool, std::unique_ptr<Instance> inst) {
+  ++pool.busy;
+  if (inst->concurrency <= 1) return Lease{.own = std::move(inst)};
+  inst->calls = 1;
+  Instance* shared = inst.get();
+  pool.sharing.push_back(std::move(inst));
+  return Lease{.shared = shared};
+}
+
+absl::StatusOr<Lease> Invoker::Impl::Acquire(std::shared_ptr<Pool> pool_ptr,
+                                             Clock::time_point deadline,
+                                             call_wire::StartTier* tier,
+                                             int headroom) {
   Pool& pool = *pool_ptr;
   std::unique_lock<std::mutex> l(mu);
   while (true) {
+    if (Instance* open = OpenLocked(pool)) {
+      ++open->calls;
+      *tier = call_wire::StartTier::kWarm;
+      return Lease{.shared = open};
+    }
     if (!pool.idle.empty()) {
       auto inst = std::move(pool.idle.back());
       pool.idle.pop_back();
-      ++pool.busy;
       *tier = call_wire::StartTier::kWarm;
-      return inst;
+      return LeaseLocked(pool, std::move(inst));
     }
     int total = pool.busy + pool.starting + static_cast<int>(pool.idle.size());
     // Start an instance for this call unless one that the pool is filling in
@@ -60,18 +84,20 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::Acquire(
         pool.cv.notify_all();
         return inst.status();
       }
-      ++pool.busy;
       *tier = (*inst)->tier;
-      return inst;
+      Lease lease = LeaseLocked(pool, *std::move(inst));
+      // The calls that waited may share it.
+      if (lease.shared) pool.cv.notify_all();
+      return lease;
     }
     if (pool.waiting >= options.max_queue_per_function) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "function ", pool.spec.name(), " is at capacity: ", pool.busy,
-          " calls running and ", pool.waiting, " queued"));
+          " instances busy and ", pool.waiting, " calls queued"));
     }
     ++pool.waiting;
     bool ok = pool.cv.wait_until(l, deadline, [&] {
-      return !pool.idle.empty() ||
+      return !pool.idle.empty() || OpenLocked(pool) != nullptr ||
              (pool.busy + pool.starting + static_cast<int>(pool.idle.size()) <
                   MaxInstances(pool.spec) + headroom &&
               pool.filling < pool.waiting);
@@ -83,16 +109,36 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::Acquire(
   }
 }
 
-void Invoker::Impl::Release(Pool& pool, std::unique_ptr<Instance> inst,
+void Invoker::Impl::Release(Pool& pool, Lease lease, bool keep,
                             v1::InstanceCount* count) {
-  std::lock_guard<std::mutex> l(mu);
-  --pool.busy;
-  if (inst) {
-    inst->last_used = Clock::now();
-    pool.idle.push_back(std::move(inst));
+  std::unique_ptr<Instance> doomed;  // stops after the lock is let go
+  {
+    std::lock_guard<std::mutex> l(mu);
+    std::unique_ptr<Instance> back;
+    if (Instance* shared = lease.shared) {
+      if (!keep) shared->retired = true;
+      if (--shared->calls == 0) {
+        auto it = std::find_if(
+            pool.sharing.begin(), pool.sharing.end(),
+            [shared](const auto& inst) { return inst.get() == shared; });
+        back = std::move(*it);
+        pool.sharing.erase(it);
+        --pool.busy;
+        keep = !back->retired;
+      }
+    } else {
+      back = std::move(lease.own);
+      --pool.busy;
+    }
+    if (back && keep) {
+      back->last_used = Clock::now();
+      pool.idle.push_back(std::move(back));
+    } else {
+      doomed = std::move(back);
+    }
+    if (count) *count = CountLocked(pool);
+    pool.cv.notify_one();
   }
-  if (count) *count = CountLocked(pool);
-  pool.cv.notify_one();
 }
 
 std::chrono::milliseconds Invoker::Impl::Timeout(const FunctionSpec& spec,
@@ -122,19 +168,36 @@ absl::Status Invoker::Impl::CallInstance(Pool& pool, Instance& inst,
                         deadline - Clock::now()));
   };
   call.set_timeout_ms(static_cast<uint64_t>(Left().count()));
-  absl::Status s = WriteFrame(inst.channel, call);
-  bool streaming = false;
-  while (s.ok()) {
-    if (streaming && watch >= 0)
-      s = AwaitFrame(inst.channel, watch,
-                     Left() + std::chrono::milliseconds(100));
-    if (s.ok())
-      s = ReadFrame(inst.channel, reply,
-                    Left() + std::chrono::milliseconds(100));
-    if (!s.ok() || !reply->more()) break;
-    streaming = true;
-    if (!parts || !parts(*reply))
-      s = absl::CancelledError("the caller went away mid-stream");
+  absl::Status s;
+  if (inst.mux) {
+    // One of the calls it takes at once: its frames come through the mux.
+    uint64_t seq = inst.mux->Begin();
+    s = inst.mux->Send(seq, call);
+    bool streaming = false;
+    while (s.ok()) {
+      s = inst.mux->Next(seq, reply, deadline + std::chrono::milliseconds(100),
+                         streaming ? watch : -1);
+      if (!s.ok() || !reply->more()) break;
+      streaming = true;
+      if (!parts || !parts(*reply))
+        s = absl::CancelledError("the caller went away mid-stream");
+    }
+    inst.mux->End(seq);
+  } else {
+    s = WriteFrame(inst.channel, call);
+    bool streaming = false;
+    while (s.ok()) {
+      if (streaming && watch >= 0)
+        s = AwaitFrame(inst.channel, watch,
+                       Left() + std::chrono::milliseconds(100));
+      if (s.ok())
+        s = ReadFrame(inst.channel, reply,
+                      Left() + std::chrono::milliseconds(100));
+      if (!s.ok() || !reply->more()) break;
+      streaming = true;
+      if (!parts || !parts(*reply))
+        s = absl::CancelledError("the caller went away mid-stream");
+    }
   }
   if (s.ok()) {
     // The instance lives, but the OOM killer may have ended one of its
@@ -149,17 +212,26 @@ absl::Status Invoker::Impl::CallInstance(Pool& pool, Instance& inst,
     }
     return s;
   }
+  // One that takes several calls at once is not killed for one of them: it
+  // takes no more and stops when the others end.
+  const char* others =
+      inst.mux ? ": it takes no more calls and stops when its others end" : "";
+  std::string log;
   if (absl::IsDeadlineExceeded(s)) {
     *why = Death{.text = "timed out"};
+    log = absl::StrCat(why->text, inst.mux ? " (a call of it)" : "", others);
   } else if (absl::IsCancelled(s)) {
     *why = Death{.kind = call_wire::Failure::kNone,
-                 .text = "ended: its caller went away mid-stream"};
+                 .text = inst.mux ? "lost a caller mid-stream"
+                                  : "ended: its caller went away mid-stream"};
+    log = absl::StrCat(why->text, others);
   } else {
+    std::lock_guard<std::mutex> l(inst.death_mu);
     *why = DeathReason(inst);
+    log = why->text;
   }
-  Release(pool, nullptr);
   logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), inst.id,
-              absl::StrCat("silt: instance ", inst.id, " ", role, why->text));
+              absl::StrCat("silt: instance ", inst.id, " ", role, log));
   return s;
 }
 
@@ -193,16 +265,19 @@ void Invoker::Impl::Call(call_wire::Request& req, call_wire::Reply* res,
   auto deadline = Clock::now() + timeout;
   call_wire::StartTier tier;
   const ColdStart force = req.cold_start;
-  absl::StatusOr<std::unique_ptr<Instance>> inst;
+  Lease inst;
   if (force != ColdStart::kAny) {
-    inst = StartFresh(pool, force);
-    if (!inst.ok()) return fail(inst.status());
-    tier = (*inst)->tier;
+    // A forced start serves this call alone.
+    auto fresh = StartFresh(pool, force);
+    if (!fresh.ok()) return fail(fresh.status());
+    tier = (*fresh)->tier;
     std::lock_guard<std::mutex> l(mu);
     ++pool->busy;
+    inst.own = *std::move(fresh);
   } else {
-    inst = Acquire(pool, deadline, &tier);
-    if (!inst.ok()) return fail(inst.status());
+    auto taken = Acquire(pool, deadline, &tier);
+    if (!taken.ok()) return fail(taken.status());
+    inst = *std::move(taken);
   }
 
   v1::WorkerCall call;
@@ -219,9 +294,9 @@ void Invoker::Impl::Call(call_wire::Request& req, call_wire::Reply* res,
   v1::WorkerReply reply;
   Death why;
   res->tier = tier;
-  res->instance = (*inst)->id;
+  res->instance = inst->id;
   if (tier != call_wire::StartTier::kWarm)
-    res->start_us = static_cast<uint32_t>((*inst)->start_ms * 1000);
+    res->start_us = static_cast<uint32_t>(inst->start_ms * 1000);
   auto parts = [&stream, res](v1::WorkerReply& part) {
     if (stream.started()) return stream.Part(part.body());
     call_wire::Reply head;
@@ -235,11 +310,12 @@ void Invoker::Impl::Call(call_wire::Request& req, call_wire::Reply* res,
     head.instance = res->instance;
     return stream.Head(head);
   };
-  absl::Status s = CallInstance(*pool, **inst, call, deadline, "", &reply, &why,
+  absl::Status s = CallInstance(*pool, *inst, call, deadline, "", &reply, &why,
                                 parts, stream.fd());
+  if (!s.ok()) Release(*pool, std::move(inst), /*keep=*/false);
   if (s.ok() && stream.started() && !reply.error().empty()) {
     // The handler failed after its head was out: the body breaks off.
-    logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), (*inst)->id,
+    logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), res->instance,
                 absl::StrCat("silt: the streamed response of call ",
                              call.call_id(), " broke off: ", reply.error()));
     fail(absl::InternalError(reply.error()));
@@ -251,9 +327,9 @@ void Invoker::Impl::Call(call_wire::Request& req, call_wire::Reply* res,
     res->failure = why.kind;
     if (stream.started())  // the body breaks off
       return fail(absl::AbortedError(absl::StrCat(
-          "function ", req.name, " instance ", (*inst)->id, " ", why.text)));
+          "function ", req.name, " instance ", res->instance, " ", why.text)));
     res->status = 502;
-    res->body = absl::StrCat("function ", req.name, " instance ", (*inst)->id,
+    res->body = absl::StrCat("function ", req.name, " instance ", res->instance,
                              " ", why.text, "\n");
     res->headers.emplace_back("Content-Type", "text/plain; charset=utf-8");
     return;
@@ -266,19 +342,23 @@ void Invoker::Impl::Call(call_wire::Request& req, call_wire::Reply* res,
                                 std::move(*h.mutable_value()));
   }
   res->body = std::move(*reply.mutable_body());
-  (*inst)->fresh = false;
-  if (!(*inst)->record_working_set.empty())
-    RecordWorkingSet(std::exchange((*inst)->record_working_set, ""),
-                     (*inst)->proc->pid());
+  if (inst.own) {  // (calls at once record no working set: one is enough)
+    inst->fresh = false;
+    if (!inst->record_working_set.empty())
+      RecordWorkingSet(std::exchange(inst->record_working_set, ""),
+                       inst->proc->pid());
+  }
   v1::InstanceCount count;
   if (force != ColdStart::kAny) {
     // A forced start serves one call; the reaper tears the instance down
     // after the answer is out.
-    Release(*pool, nullptr, &count);
-    std::lock_guard<std::mutex> l(mu);
-    graveyard.push_back(*std::move(inst));
+    {
+      std::lock_guard<std::mutex> l(mu);
+      graveyard.push_back(std::move(inst.own));
+    }
+    Release(*pool, Lease{}, /*keep=*/false, &count);
   } else {
-    Release(*pool, *std::move(inst), &count);
+    Release(*pool, std::move(inst), /*keep=*/true, &count);
   }
   res->ready = count.ready();
   res->busy = count.busy();
@@ -302,34 +382,36 @@ std::string Invoker::Impl::RunTask(const TaskTarget& t,
   auto deadline = Clock::now() + timeout;
   call_wire::StartTier tier;
   int headroom = static_cast<int>(std::max(1u, Cores()));
-  auto inst = Acquire(pool, deadline, &tier, headroom);
-  if (!inst.ok())
-    return Error(absl::IsResourceExhausted(inst.status())
+  auto taken = Acquire(pool, deadline, &tier, headroom);
+  if (!taken.ok())
+    return Error(absl::IsResourceExhausted(taken.status())
                      ? wire::StateCode::kRetry
-                     : CodeOf(inst.status()),
-                 inst.status().message());
+                     : CodeOf(taken.status()),
+                 taken.status().message());
+  Lease inst = *std::move(taken);
   v1::WorkerCall call;
   call.set_op("task");
   call.set_call_id(absl::StrCat("task-", RandomId(8)));
   call.set_body(std::string(task_call));
   {
     std::lock_guard<std::mutex> l(mu);
-    task_channels.insert((*inst)->channel);
+    task_channels.insert(inst->channel);
     ++tasks_running;
     tasks_peak_pulse = std::max(tasks_peak_pulse, tasks_running);
     tasks_peak_report = std::max(tasks_peak_report, tasks_running);
   }
   v1::WorkerReply reply;
   Death why;
-  absl::Status s = CallInstance(*pool, **inst, call, deadline,
+  absl::Status s = CallInstance(*pool, *inst, call, deadline,
                                 "(a compute proclet) ", &reply, &why);
   {
     std::lock_guard<std::mutex> l(mu);
-    task_channels.erase((*inst)->channel);
+    task_channels.erase(task_channels.find(inst->channel));
     --tasks_running;
   }
   if (!s.ok()) {
-    std::string id = (*inst)->id;
+    std::string id = inst->id;
+    Release(*pool, std::move(inst), /*keep=*/false);
     if (absl::IsDeadlineExceeded(s))
       return Error(
           wire::StateCode::kTimeout,
@@ -337,8 +419,8 @@ std::string Invoker::Impl::RunTask(const TaskTarget& t,
     return Error(wire::StateCode::kInternal,
                  absl::StrCat("instance ", id, " ", why.text));
   }
-  (*inst)->fresh = false;
-  Release(*pool, *std::move(inst));
+  if (inst.own) inst->fresh = false;
+  Release(*pool, std::move(inst), /*keep=*/true);
   if (reply.body().empty())
     return Error(wire::StateCode::kInternal, "empty task reply");
   return std::move(*reply.mutable_body());

@@ -109,6 +109,7 @@ absl::Status Invoker::Impl::WakeAndResume(const FunctionSpec& spec,
   if (!ready.ok())
     return absl::FailedPreconditionError(
         absl::StrCat("instance ", inst.id, " failed to resume"));
+  TakeReady(inst, ready);
   return absl::OkStatus();
 }
 

@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -40,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "call_mux.h"
 #include "call_port.h"
 #include "channel.h"
 #include "cluster_view.h"
@@ -60,6 +62,7 @@
 #include "resident_budget.h"
 #include "sandbox.h"
 #include "seccomp_log.h"
+#include "silt/abi.h"
 #include "snapshot/criu.h"
 #include "snapshot/fast_restore.h"
 #include "snapshot/image.h"
@@ -158,7 +161,18 @@ struct Instance {
   // Restored lazily from this image (its pages file mapped, not read ahead)
   // with no working set recorded yet: its first call records one.
   std::string record_working_set;
+  // How many calls it takes at once (WorkerReady.concurrency: a thread-safe
+  // native function). Above 1, `mux` carries them and its pool holds it in
+  // `sharing` while any runs: `calls` of them (Impl::mu); once `retired`
+  // (a call of it timed out or lost its caller) it takes no more and stops
+  // when the last ends.
+  uint32_t concurrency = 1;
+  std::unique_ptr<CallMux> mux;
+  int calls = 0;
+  bool retired = false;
+  std::mutex death_mu;  // its calls that failed ask DeathReason one at a time
   ~Instance() {
+    mux.reset();
     if (channel >= 0) close(channel);
     if (listener >= 0) close(listener);
     if (proc) proc->Kill();
@@ -168,6 +182,24 @@ struct Instance {
     if (!base_dir.empty()) std::filesystem::remove_all(base_dir, ec);
   }
 };
+
+// A call's hold on an instance: the whole of it (`own`, one call at a time),
+// or one of the calls of one that takes several (`shared`: its pool keeps it).
+struct Lease {
+  std::unique_ptr<Instance> own;
+  Instance* shared = nullptr;
+  Instance* get() const { return own ? own.get() : shared; }
+  Instance* operator->() const { return get(); }
+  Instance& operator*() const { return *get(); }
+};
+
+// What an instance said when it became ready: how many calls it takes.
+inline void TakeReady(Instance& inst, const v1::WorkerReady& ready) {
+  // (After a park the channel is a new one: no call runs meanwhile.)
+  inst.concurrency = std::clamp(ready.concurrency(), 1u, SILT_MAX_CONCURRENCY);
+  inst.mux =
+      inst.concurrency > 1 ? std::make_unique<CallMux>(inst.channel) : nullptr;
+}
 
 // A paused instance of one function version that forks clones.
 struct Template {
@@ -259,6 +291,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     FunctionSpec spec;
     std::shared_ptr<Bundle> bundle;
     std::vector<std::unique_ptr<Instance>> idle;
+    // Instances taking several calls at once with calls running (each counts
+    // in `busy` once).
+    std::vector<std::unique_ptr<Instance>> sharing;
     int busy = 0;
     int starting = 0;
     int waiting = 0;
@@ -324,7 +359,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   bool have_assignment = false;
   // Compute proclets running here: their instances' channels (shut down
   // when the invoker stops, so their waits end).
-  std::set<int> task_channels;
+  std::multiset<int> task_channels;
   uint32_t tasks_running = 0;
   // The most that ran at once since the last pulse and the last report (what
   // they send: a node running shares back to back must not read as running
@@ -572,16 +607,23 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 
   int MaxInstances(const FunctionSpec& spec);
 
-  // Takes an idle instance, or starts one, or waits in the bounded queue.
-  // `headroom`: instances it may start beyond the function's maximum (compute
-  // proclets, so that the jobs of callers holding every instance still run).
-  absl::StatusOr<std::unique_ptr<Instance>> Acquire(
-      std::shared_ptr<Pool> pool_ptr, Clock::time_point deadline,
-      call_wire::StartTier* tier, int headroom = 0);
+  // Joins a running instance that takes more calls at once (the fullest
+  // that has room: fewer instances stay busy), or takes an idle instance, or
+  // starts one, or waits in the bounded queue. `headroom`: instances it may
+  // start beyond the function's maximum (compute proclets, so that the jobs
+  // of callers holding every instance still run).
+  absl::StatusOr<Lease> Acquire(std::shared_ptr<Pool> pool_ptr,
+                                Clock::time_point deadline,
+                                call_wire::StartTier* tier, int headroom = 0);
+  // A running instance of `pool` with room for one more call, or null.
+  Instance* OpenLocked(Pool& pool);
+  // The lease of an instance just taken for a call (counted in busy).
+  Lease LeaseLocked(Pool& pool, std::unique_ptr<Instance> inst);
 
-  // Gives an instance back (null: it is gone); `count`, when given, gets the
-  // pool's instances after that.
-  void Release(Pool& pool, std::unique_ptr<Instance> inst,
+  // Gives a lease back: the instance serves on if `keep`; otherwise it is
+  // discarded (one taking several calls once its last call ends). `count`,
+  // when given, gets the pool's instances after that.
+  void Release(Pool& pool, Lease lease, bool keep,
                v1::InstanceCount* count = nullptr);
 
   std::chrono::milliseconds Timeout(const FunctionSpec& spec,
@@ -594,12 +636,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // Sends `call` to an acquired instance (its timeout: what is left until
   // `deadline`) and reads the reply: the parts of a streamed one go to
   // `parts` as they come (without it, a streamed reply fails the call), and
-  // *reply gets the last frame. On failure the instance is released as
-  // discarded (the pool's next call gets a fresh one; the caller still
-  // holds it, for its id), the line "silt: instance ID <role>WHY" goes to
+  // *reply gets the last frame. On failure (the caller then releases the
+  // instance as discarded) the line "silt: instance ID <role>WHY" goes to
   // the function's log, and *why says what happened: "timed out"
   // (DeadlineExceeded), the caller left mid-stream (Cancelled) or how the
-  // instance died.
+  // instance died (it is killed; one taking several calls at once is not
+  // killed for a timeout or a caller that left: its other calls run on).
   // While a reply streams, `watch` (the caller's connection, which carries
   // nothing else meanwhile) closing ends the call too.
   absl::Status CallInstance(Pool& pool, Instance& inst, v1::WorkerCall& call,

@@ -222,6 +222,7 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::StartInstance(
     return absl::FailedPreconditionError(absl::StrCat(
         "function ", spec.name(), " failed to start: ", ready.error()));
   }
+  TakeReady(*inst, ready);
   inst->start_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   inst->last_used = Clock::now();

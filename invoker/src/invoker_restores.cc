@@ -396,6 +396,7 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::ForkInstance(
       !r.ok() || !ready.ok())
     return absl::UnavailableError(
         absl::StrCat("forked instance ", inst->id, " did not start"));
+  TakeReady(*inst, ready);
   inst->start_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   inst->last_used = Clock::now();

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "silt/abi.h"
 
@@ -33,6 +35,7 @@ struct FunctionLibrary::Impl {
   silt_handle_fn handle_fn = nullptr;
   silt_after_restore_fn after_restore = nullptr;
   silt_task_fn task = nullptr;
+  silt_max_concurrency_fn max_concurrency = nullptr;
   ~Impl() {
     if (handle != nullptr) dlclose(handle);
   }
@@ -78,7 +81,14 @@ absl::StatusOr<std::unique_ptr<FunctionLibrary>> FunctionLibrary::Load(
   impl->after_restore = reinterpret_cast<silt_after_restore_fn>(
       dlsym(impl->handle, "silt_after_restore"));
   impl->task = reinterpret_cast<silt_task_fn>(dlsym(impl->handle, "silt_task"));
+  impl->max_concurrency = reinterpret_cast<silt_max_concurrency_fn>(
+      dlsym(impl->handle, "silt_max_concurrency"));
   return std::unique_ptr<FunctionLibrary>(new FunctionLibrary(std::move(impl)));
+}
+
+uint32_t FunctionLibrary::MaxConcurrency() const {
+  if (impl_->max_concurrency == nullptr) return 1;
+  return std::clamp(impl_->max_concurrency(), 1u, SILT_MAX_CONCURRENCY);
 }
 
 absl::Status FunctionLibrary::Init(const CallContext& ctx) {

@@ -772,6 +772,88 @@ TEST_F(FunctionsTest, HandlerFailingMidStreamCutsTheBodyShort) {
   EXPECT_EQ(Invoke("GET", "/function/probe/state").status, 200);
 }
 
+// Makes `call` `n` times at once; the answers ("STATUS BODY"), sorted.
+std::vector<std::string> AtOnce(
+    int n, const std::function<deploy::HttpResult()>& call) {
+  std::mutex mu;
+  std::vector<std::string> seen;
+  std::vector<std::thread> calls;
+  for (int i = 0; i < n; ++i) {
+    calls.emplace_back([&] {
+      auto r = call();
+      std::lock_guard<std::mutex> l(mu);
+      seen.push_back(absl::StrCat(r.status, " ", r.body));
+    });
+  }
+  for (auto& c : calls) c.join();
+  std::sort(seen.begin(), seen.end());
+  return seen;
+}
+
+// A function that declared itself thread-safe (SILT_CONCURRENCY; the probe
+// does when PROBE_CONCURRENCY is set) takes that many calls at once in one
+// instance, each with its own call id.
+TEST_F(FunctionsTest, ThreadSafeFunctionTakesCallsAtOnceInOneInstance) {
+  Deploy({{"service", "probe"},
+          {"envVars", {{"PROBE_CONCURRENCY", "4"}}},
+          {"labels", {{"com.openfaas.scale.max", "1"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  // /overlap?n=4 answers once four calls were inside together (or after 10
+  // s with fewer): one instance at most, so all four must share it.
+  auto seen =
+      AtOnce(4, [&] { return Invoke("GET", "/function/probe/overlap?n=4"); });
+  std::set<std::string> instances, call_ids;
+  for (const auto& s : seen) {
+    EXPECT_TRUE(absl::StartsWith(s, "200 together=4 instance=")) << s;
+    std::vector<std::string> f = absl::StrSplit(s, ' ');
+    ASSERT_EQ(f.size(), 4u) << s;
+    instances.insert(f[2]);
+    call_ids.insert(f[3]);
+  }
+  EXPECT_EQ(instances.size(), 1u) << absl::StrJoin(seen, " | ");
+  EXPECT_EQ(call_ids.size(), 4u) << absl::StrJoin(seen, " | ");
+  // It serves on, one call or several, and it still counts as one instance.
+  EXPECT_EQ(Invoke("GET", "/function/probe/identity").status, 200);
+  EXPECT_TRUE(Eventually([&] { return Available("probe") == 1; }));
+}
+
+// Without the declaration, calls to one instance never overlap: of two calls
+// at once to a one-instance function, each runs alone.
+TEST_F(FunctionsTest, CallsToAFunctionThatDeclaredNothingDoNotOverlap) {
+  Deploy({{"service", "probe"}, {"labels", {{"com.openfaas.scale.max", "1"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  auto seen = AtOnce(2, [&] {
+    return Invoke("GET", "/function/probe/overlap?n=2&wait_ms=300");
+  });
+  for (const auto& s : seen)
+    EXPECT_TRUE(absl::StartsWith(s, "200 together=1 ")) << s;
+}
+
+// The com.silt.concurrency label lowers what the function declared (never
+// raises it), and is checked at deploy.
+TEST_F(FunctionsTest, ConcurrencyLabelLowersWhatTheFunctionDeclared) {
+  Deploy({{"service", "probe"},
+          {"envVars", {{"PROBE_CONCURRENCY", "4"}}},
+          {"labels",
+           {{"com.openfaas.scale.max", "1"}, {"com.silt.concurrency", "2"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  // Three calls, two at a time: the third waits for a place.
+  auto seen = AtOnce(3, [&] {
+    return Invoke("GET", "/function/probe/overlap?n=3&wait_ms=300");
+  });
+  for (const auto& s : seen)
+    EXPECT_TRUE(absl::StartsWith(s, "200 together=2 ")) << s;
+  for (const char* bad : {"0", "1025", "many"}) {
+    json d = {{"service", "probe"},
+              {"image", image_},
+              {"labels", {{"com.silt.concurrency", bad}}}};
+    auto r = gw_->Call("PUT", "/system/functions", d.dump());
+    EXPECT_EQ(r.status, 400) << bad << ": " << r.body;
+    EXPECT_NE(r.body.find("com.silt.concurrency"), std::string::npos)
+        << bad << ": " << r.body;
+  }
+}
+
 TEST_F(FunctionsTest, ExamplesDeployAndAnswer) {
   std::string examples = std::string(SILT_SOURCE_DIR) + "/examples";
   std::string work = dir_ + "/examples";

@@ -78,6 +78,11 @@ class FunctionLibrary {
   // Runs silt_after_restore if the bundle has one.
   void AfterRestore(const CallContext& ctx);
 
+  // How many calls the bundle takes at once (silt_max_concurrency, asked
+  // now; 1 when it declares nothing; at most SILT_MAX_CONCURRENCY). Handle
+  // and Task may then run on that many threads at once.
+  uint32_t MaxConcurrency() const;
+
   bool has_init() const;
   bool has_after_restore() const;
   const std::string& path() const;

@@ -2,7 +2,8 @@
  * that loads it.
  *
  * A bundle exports silt_abi_version() and silt_handle(), and optionally
- * silt_init() and silt_after_restore(). The worker refuses a bundle whose
+ * silt_init(), silt_after_restore(), silt_task() and silt_max_concurrency().
+ * The worker refuses a bundle whose
  * silt_abi_version() differs from the SILT_ABI_VERSION it was built with.
  * Function authors use silt/function.h, which produces these exports; nothing
  * here needs to be written by hand.
@@ -89,6 +90,11 @@ typedef int (*silt_handle_fn)(const silt_context* ctx, const silt_request* req,
                               const silt_response_writer* out, char* error,
                               size_t error_cap);
 typedef void (*silt_after_restore_fn)(const silt_context* ctx);
+/* Optional, asked once after silt_init: how many calls (silt_handle or
+ * silt_task) the bundle's code takes at once, each on its own thread. Absent
+ * or 1: one at a time. At most SILT_MAX_CONCURRENCY (larger is capped). */
+typedef uint32_t (*silt_max_concurrency_fn)(void);
+#define SILT_MAX_CONCURRENCY 1024u
 /* Optional: runs one compute proclet's share of a job (a silt/state_wire.h
  * TaskCall in `call`) and passes its reply (a StateCode byte, then the result
  * or the error message) to append(). Returns 0; non-zero only when the call

@@ -660,6 +660,17 @@ inline int RunTask(const silt_context* c, const char* data, size_t len,
     return ::silt::internal::RunTask(c, call, len, out, append);               \
   }
 
+// Declares the handler (and tasks) thread-safe: an instance then takes up to
+// `n` calls at once, each on its own thread, instead of one at a time (as
+// Knative's containerConcurrency; at most SILT_MAX_CONCURRENCY). `n` is
+// evaluated once, after init; a deployment's com.silt.concurrency label may
+// lower it, never raise it. Without it, calls to an instance never overlap.
+#define SILT_CONCURRENCY(n)                                  \
+  extern "C" __attribute__((visibility("default"))) uint32_t \
+  silt_max_concurrency(void) {                               \
+    return static_cast<uint32_t>(n);                         \
+  }
+
 #define SILT_INIT(fn)                                              \
   extern "C" __attribute__((visibility("default"))) int silt_init( \
       const silt_context* c, char* error, size_t cap) {            \

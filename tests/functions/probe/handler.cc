@@ -4,11 +4,14 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <set>
 #include <sstream>
@@ -307,6 +310,38 @@ silt::Response ComputeCall(std::string_view op, const silt::Request& req,
                  : StateError(st.code(), st.message());
 }
 
+// Calls inside this instance at once: /overlap?n=N waits (at most wait_ms,
+// default 10 s) until N calls were inside together, then answers with the
+// most it saw and the call id it ran under (each call has its own).
+std::mutex overlap_mu;
+std::condition_variable overlap_cv;
+int overlap_inside = 0, overlap_most = 0;
+
+silt::Response Overlap(const silt::Request& req, silt::Context& ctx) {
+  int n = std::atoi(Param(req.query, "n").c_str());
+  std::string wait = Param(req.query, "wait_ms");
+  auto wait_ms =
+      std::chrono::milliseconds(wait.empty() ? 10000 : std::atoi(wait.c_str()));
+  std::unique_lock<std::mutex> l(overlap_mu);
+  overlap_most = std::max(overlap_most, ++overlap_inside);
+  overlap_cv.notify_all();
+  overlap_cv.wait_for(l, wait_ms, [n] { return overlap_most >= n; });
+  int most = overlap_most;
+  --overlap_inside;
+  l.unlock();
+  return silt::Response::Text(
+      200, "together=" + std::to_string(most) +
+               " instance=" + std::string(ctx.instance_id()) +
+               " call=" + std::string(ctx.call_id()));
+}
+
+// Thread-safe when its deployment says so (PROBE_CONCURRENCY=N: up to N calls
+// at once per instance); one call at a time otherwise.
+uint32_t ProbeConcurrency() {
+  const char* n = getenv("PROBE_CONCURRENCY");
+  return n != nullptr ? static_cast<uint32_t>(std::atoi(n)) : 1;
+}
+
 char StreamByte(uint64_t i) { return static_cast<char>((i * 131) ^ (i >> 16)); }
 
 silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
@@ -422,6 +457,7 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
   }
   if (path == "/identity")
     return silt::Response::Text(200, std::string(ctx.instance_id()));
+  if (path == "/overlap") return Overlap(req, ctx);
   // Echo: what the function saw.
   silt::Response res;
   res.status = 200;
@@ -444,3 +480,4 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
 SILT_INIT(Init)
 SILT_HANDLER(Handle)
 SILT_AFTER_RESTORE(AfterRestore)
+SILT_CONCURRENCY(ProbeConcurrency())
