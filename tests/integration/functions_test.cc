@@ -829,6 +829,36 @@ TEST_F(FunctionsTest, CallsToAFunctionThatDeclaredNothingDoNotOverlap) {
     EXPECT_TRUE(absl::StartsWith(s, "200 together=1 ")) << s;
 }
 
+// A call of a shared instance that times out ends that call only: the
+// instance takes no more calls, its other calls run on, and it stops when
+// they end.
+TEST_F(FunctionsTest, ATimedOutCallRetiresItsSharedInstance) {
+  Deploy({{"service", "probe"},
+          {"envVars", {{"PROBE_CONCURRENCY", "4"}, {"exec_timeout", "1s"}}},
+          {"labels", {{"com.openfaas.scale.max", "1"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  // `stuck` waits for 99 calls (never) and times out; `other` answers once
+  // it was inside together with `stuck`: both ran in the one instance.
+  deploy::HttpResult stuck, other;
+  std::thread t([&] {
+    stuck = Invoke("GET", "/function/probe/overlap?n=99&wait_ms=10000");
+  });
+  other = Invoke("GET", "/function/probe/overlap?n=2&wait_ms=10000");
+  t.join();
+  EXPECT_EQ(stuck.status, 504) << stuck.body;
+  ASSERT_EQ(other.status, 200) << other.body;
+  EXPECT_TRUE(absl::StartsWith(other.body, "together=2 ")) << other.body;
+  std::string retired = std::vector<std::string>(
+      absl::StrSplit(other.body, ' '))[1];  // instance=ID
+  // The next call gets a new instance.
+  auto next = Invoke("GET", "/function/probe/identity");
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_NE("instance=" + next.body, retired);
+  auto logs = Silt({"logs", "probe"});
+  EXPECT_NE(logs.out.find("it takes no more calls"), std::string::npos)
+      << logs.out;
+}
+
 // The com.silt.concurrency label lowers what the function declared (never
 // raises it), and is checked at deploy.
 TEST_F(FunctionsTest, ConcurrencyLabelLowersWhatTheFunctionDeclared) {
