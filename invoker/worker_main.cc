@@ -46,7 +46,7 @@
 #include "absl/strings/strip.h"
 #include "channel.h"
 #include "frames.h"
-#include "invoker/proto/invoker.pb.h"
+#include "invoker/proto/worker.pb.h"
 #include "local_maps.h"
 #include "proclets/function_library.h"
 #include "ring_client.h"
@@ -875,7 +875,8 @@ bool ParkAndResume(Runtime& rt) {
   close(fds[0]);
   close(fds[1]);
   WorkerCall resume;
-  if (!ReadFrame(kChannel, &resume).ok() || resume.op() != "resume") {
+  if (!ReadFrame(kChannel, &resume).ok() ||
+      resume.op() != v1::WORKER_OP_RESUME) {
     close(fds[2]);
     return false;
   }
@@ -946,7 +947,7 @@ void RedrawStackCanary() {
 
 template <typename Runtime>
 WorkerReply Answer(Runtime& rt, const WorkerCall& call) {
-  return call.op() == "task" ? rt.Task(call) : rt.Call(call);
+  return call.op() == v1::WORKER_OP_TASK ? rt.Task(call) : rt.Call(call);
 }
 
 // Runs the calls of a function that takes several at once, each on a thread
@@ -1035,9 +1036,9 @@ __attribute__((no_stack_protector)) int Serve(const WorkerConfig& cfg) {
       fflush(stderr);
       _exit(0);
     }
-    if (call.op() == "park" || call.op() == "template")
+    if (call.op() == v1::WORKER_OP_PARK || call.op() == v1::WORKER_OP_TEMPLATE)
       threads.Stop();  // no thread may be in the image or the template
-    if (call.op() == "park") {
+    if (call.op() == v1::WORKER_OP_PARK) {
       StopStateApi();
       rt.BeforePark();
       if (!WriteFrame(kChannel, Ok()).ok()) return 0;
@@ -1045,7 +1046,7 @@ __attribute__((no_stack_protector)) int Serve(const WorkerConfig& cfg) {
       RedrawStackCanary();
       continue;
     }
-    if (call.op() == "template") {
+    if (call.op() == v1::WORKER_OP_TEMPLATE) {
       StopStateApi();
       if (!WriteFrame(kChannel, Ok()).ok()) return 0;
       if (!TemplateLoop(rt)) return 0;

@@ -19,7 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "invoker/proto/invoker.pb.h"
+#include "invoker/proto/worker.pb.h"
 
 namespace silt::invoker {
 

@@ -390,7 +390,7 @@ std::string Invoker::Impl::RunTask(const TaskTarget& t,
                  taken.status().message());
   Lease inst = *std::move(taken);
   v1::WorkerCall call;
-  call.set_op("task");
+  call.set_op(v1::WORKER_OP_TASK);
   call.set_call_id(absl::StrCat("task-", RandomId(8)));
   call.set_body(std::string(task_call));
   {

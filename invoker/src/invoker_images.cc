@@ -97,7 +97,7 @@ absl::Status Invoker::Impl::WakeAndResume(const FunctionSpec& spec,
   close(*state);
   if (!s.ok()) return s;
   v1::WorkerCall resume;
-  resume.set_op("resume");
+  resume.set_op(v1::WORKER_OP_RESUME);
   resume.set_instance_id(inst.id);
   resume.set_seed(Seed());
   resume.set_as_template(as_template);
@@ -130,7 +130,7 @@ uint64_t Invoker::Impl::Seed() {
 absl::Status Invoker::Impl::Checkpoint(Pool& pool, Instance& inst) {
   auto start = Clock::now();
   v1::WorkerCall park;
-  park.set_op("park");
+  park.set_op(v1::WORKER_OP_PARK);
   v1::WorkerReply ok;
   if (auto s = WriteFrame(inst.channel, park); !s.ok()) return s;
   if (auto s = ReadFrame(inst.channel, &ok, std::chrono::seconds(10)); !s.ok())

@@ -54,6 +54,7 @@
 #include "invoker/invoker.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "invoker/proto/proclets.grpc.pb.h"
+#include "invoker/proto/worker.pb.h"
 #include "load_pulse.h"
 #include "logs.h"
 #include "node_cgroup.h"

@@ -320,7 +320,7 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::CriuRestoreInstance(
 absl::StatusOr<std::shared_ptr<Template>> Invoker::Impl::MakeTemplate(
     Pool& pool, std::unique_ptr<Instance> inst) {
   v1::WorkerCall op;
-  op.set_op("template");
+  op.set_op(v1::WORKER_OP_TEMPLATE);
   v1::WorkerReply ok;
   if (auto s = WriteFrame(inst->channel, op); !s.ok()) return s;
   if (auto s = ReadFrame(inst->channel, &ok, std::chrono::seconds(10)); !s.ok())
@@ -360,7 +360,7 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::ForkInstance(
     int fds[4] = {chan[1], out_w, err_w, *state};
     s = SendFds(t->inst->channel, fds, 4);
     v1::WorkerCall fork;
-    fork.set_op("fork");
+    fork.set_op(v1::WORKER_OP_FORK);
     fork.set_instance_id(inst->id);
     fork.set_seed(Seed());
     if (s.ok()) s = WriteFrame(t->inst->channel, fork);
