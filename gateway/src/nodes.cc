@@ -156,7 +156,7 @@ std::vector<SnapshotView> NodeRegistry::Snapshots(const std::string& ns,
   std::map<std::string, SnapshotView> by_id;
   if (!rows.ok()) return {};
   for (const auto& [key, value] : *rows) {
-    v1::SnapshotInfo info;
+    control::SnapshotInfo info;
     if (!info.ParseFromString(value)) continue;
     if (!ns.empty() && info.namespace_() != ns) continue;
     if (!name.empty() && info.name() != name) continue;
@@ -173,7 +173,8 @@ std::vector<SnapshotView> NodeRegistry::Snapshots(const std::string& ns,
     if (n != impl_->nodes.end())
       if (auto s = n->second->snapshots.find(info.id());
           s != n->second->snapshots.end()) {
-        const v1::SnapshotInfo& live = s->second;  // the node's last report
+        const control::SnapshotInfo& live =
+            s->second;  // the node's last report
         v.nodes.push_back(node);
         v.template_resident |= live.template_resident();
         v.restorer_staged |= live.restorer_staged();
@@ -194,7 +195,7 @@ size_t NodeRegistry::DeleteSnapshots(const std::string& ns,
                                      const std::string& name) {
   auto views = Snapshots(ns, name);
   if (views.empty()) return 0;
-  v1::GatewayMessage m;
+  control::GatewayMessage m;
   store::WriteBatch batch;
   auto rows = impl_->store->Scan(store::Table::kSnapshots, "");
   for (const auto& v : views) {

@@ -113,7 +113,7 @@ void NodeRegistry::Impl::OnDone(std::shared_ptr<Call> call,
     std::lock_guard<std::mutex> l(mu);
     --call->node->inflight[key];
     if (r.ok() && r->outcome == cw::Outcome::kAnswered) {
-      v1::InstanceCount& c = call->node->counts[key];
+      control::InstanceCount& c = call->node->counts[key];
       c.set_name(call->call.name);
       c.set_namespace_(call->call.ns);
       c.set_generation(call->fn->spec.generation());

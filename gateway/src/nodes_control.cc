@@ -11,7 +11,7 @@ auto NodeRegistry::Impl::BuildFn(const store::FunctionRecord& rec)
   if (!d.ok()) return d.status();
   auto fn = std::make_shared<Fn>();
   fn->replicas = rec.replicas;
-  v1::FunctionSpec& s = fn->spec;
+  control::FunctionSpec& s = fn->spec;
   s.set_name(rec.name);
   s.set_namespace_(rec.ns);
   s.set_generation(rec.generation);
@@ -76,9 +76,9 @@ absl::Status NodeRegistry::Impl::LoadFnsLocked() {
   return absl::OkStatus();
 }
 
-v1::Assignment NodeRegistry::Impl::AssignmentLocked(
+control::Assignment NodeRegistry::Impl::AssignmentLocked(
     const std::string& node_name) {
-  v1::Assignment a;
+  control::Assignment a;
   a.set_data_key(data_key);
   for (const auto& [key, fn] : fns) {
     if (fn->spec.bundle_digest().empty()) continue;
@@ -90,7 +90,7 @@ v1::Assignment NodeRegistry::Impl::AssignmentLocked(
     size_t index =
         std::find(names.begin(), names.end(), node_name) - names.begin();
     size_t count = names.size();
-    v1::FunctionSpec* s = a.add_functions();
+    control::FunctionSpec* s = a.add_functions();
     *s = fn->spec;
     auto d = desired.find(key);
     uint64_t replicas = d == desired.end() ? fn->replicas : d->second;
@@ -102,13 +102,13 @@ v1::Assignment NodeRegistry::Impl::AssignmentLocked(
 }
 
 void NodeRegistry::Impl::SendAssignments() {
-  std::vector<std::pair<std::shared_ptr<Node>, v1::GatewayMessage>> out;
+  std::vector<std::pair<std::shared_ptr<Node>, control::GatewayMessage>> out;
   {
     std::lock_guard<std::mutex> l(mu);
     LoadFnsLocked()
         .IgnoreError();  // a store error leaves the last assignment in place
     for (const auto& [n, node] : nodes) {
-      v1::GatewayMessage m;
+      control::GatewayMessage m;
       *m.mutable_assignment() = AssignmentLocked(n);
       out.emplace_back(node, std::move(m));
     }
@@ -120,7 +120,7 @@ void NodeRegistry::Impl::SendAssignments() {
 }
 
 void NodeRegistry::Impl::SendClusterView() {
-  v1::GatewayMessage m;
+  control::GatewayMessage m;
   std::vector<std::shared_ptr<Node>> to;
   {
     std::lock_guard<std::mutex> l(mu);
@@ -145,8 +145,9 @@ void NodeRegistry::Impl::SendClusterView() {
 
 grpc::Status NodeRegistry::Impl::Connect(
     grpc::ServerContext* ctx,
-    grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream) {
-  v1::NodeMessage first;
+    grpc::ServerReaderWriter<control::GatewayMessage, control::NodeMessage>*
+        stream) {
+  control::NodeMessage first;
   if (!stream->Read(&first) || !first.has_register_())
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "first message must be register");
@@ -204,7 +205,7 @@ grpc::Status NodeRegistry::Impl::Connect(
     waiting.swap(parked);
   }
   for (auto& call : waiting) Dispatch(call);
-  v1::NodeMessage m;
+  control::NodeMessage m;
   while (stream->Read(&m)) {
     if (m.has_pulse()) {
       OnPulse(*node, m.pulse());
@@ -233,7 +234,7 @@ grpc::Status NodeRegistry::Impl::Connect(
       node->counts[Key(c.namespace_(), c.name())] = c;
     node->tasks = m.report().tasks();
     node->cpu_used = m.report().cpu_used();
-    std::map<std::string, v1::SnapshotInfo> snaps;
+    std::map<std::string, control::SnapshotInfo> snaps;
     for (const auto& sn : m.report().snapshots()) snaps[sn.id()] = sn;
     RecordSnapshotsLocked(*node, std::move(snaps));
     l.unlock();
@@ -258,7 +259,7 @@ grpc::Status NodeRegistry::Impl::Connect(
   return grpc::Status::OK;
 }
 
-void NodeRegistry::Impl::OnPulse(Node& node, const v1::Pulse& p) {
+void NodeRegistry::Impl::OnPulse(Node& node, const control::Pulse& p) {
   bool view_changed;
   {
     std::lock_guard<std::mutex> l(mu);
@@ -281,7 +282,7 @@ void NodeRegistry::Impl::OnPulse(Node& node, const v1::Pulse& p) {
 }
 
 void NodeRegistry::Impl::RecordSnapshotsLocked(
-    Node& node, std::map<std::string, v1::SnapshotInfo> now) {
+    Node& node, std::map<std::string, control::SnapshotInfo> now) {
   bool same = now.size() == node.snapshots.size();
   for (const auto& [id, info] : now) {
     auto it = node.snapshots.find(id);
@@ -326,7 +327,7 @@ void NodeRegistry::Impl::ToLayout(const StructureView& v, pv1::Layout* out) {
 }
 
 grpc::Status NodeRegistry::Impl::OpenStructure(
-    grpc::ServerContext*, const v1::OpenStructureRequest* req,
+    grpc::ServerContext*, const control::OpenStructureRequest* req,
     pv1::Layout* res) {
   if (req->kind() < pv1::KIND_MAP || req->kind() > pv1::KIND_QUEUE)
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -342,7 +343,7 @@ grpc::Status NodeRegistry::Impl::OpenStructure(
 }
 
 grpc::Status NodeRegistry::Impl::GetLayout(grpc::ServerContext*,
-                                           const v1::GetLayoutRequest* req,
+                                           const control::GetLayoutRequest* req,
                                            pv1::Layout* res) {
   auto v = directory->Get(req->namespace_(), req->name());
   if (!v.ok())
@@ -353,8 +354,8 @@ grpc::Status NodeRegistry::Impl::GetLayout(grpc::ServerContext*,
 }
 
 grpc::Status NodeRegistry::Impl::Drain(grpc::ServerContext* ctx,
-                                       const v1::DrainRequest* req,
-                                       v1::DrainReply* res) {
+                                       const control::DrainRequest* req,
+                                       control::DrainReply* res) {
   const std::string& name = req->node_name();
   {
     std::lock_guard<std::mutex> l(mu);
@@ -404,8 +405,8 @@ std::vector<DirectoryNode> NodeRegistry::Impl::DirectoryNodes() {
 }
 
 grpc::Status NodeRegistry::Impl::FindSnapshot(
-    grpc::ServerContext*, const v1::FindSnapshotRequest* req,
-    v1::FindSnapshotResponse* res) {
+    grpc::ServerContext*, const control::FindSnapshotRequest* req,
+    control::FindSnapshotResponse* res) {
   std::lock_guard<std::mutex> l(mu);
   for (const auto& [n, node] : nodes)
     if (node->snapshots.contains(req->id())) res->add_addresses(node->address);
@@ -413,8 +414,8 @@ grpc::Status NodeRegistry::Impl::FindSnapshot(
 }
 
 grpc::Status NodeRegistry::Impl::FetchBundle(
-    grpc::ServerContext*, const v1::FetchBundleRequest* req,
-    grpc::ServerWriter<v1::BundleChunk>* writer) {
+    grpc::ServerContext*, const control::FetchBundleRequest* req,
+    grpc::ServerWriter<control::BundleChunk>* writer) {
   auto info = bundles->Get(req->digest());
   if (!info.ok())
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -428,7 +429,7 @@ grpc::Status NodeRegistry::Impl::FetchBundle(
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     std::streamsize n = in.gcount();
     if (n <= 0) break;
-    v1::BundleChunk chunk;
+    control::BundleChunk chunk;
     chunk.set_data(buf.data(), static_cast<size_t>(n));
     if (!writer->Write(chunk)) break;
   }

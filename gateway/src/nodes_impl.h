@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "call_client.h"
+#include "gateway/proto/control.grpc.pb.h"
 #include "invoker/call_wire.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "log_ring.h"
@@ -36,6 +37,7 @@ namespace silt::gateway {
 
 using Clock = std::chrono::steady_clock;
 namespace v1 = silt::invoker::v1;
+namespace control = silt::control::v1;
 namespace pv1 = silt::proclets::v1;
 namespace cw = silt::invoker::call_wire;
 
@@ -85,9 +87,9 @@ inline absl::StatusOr<double> ParseQuantity(absl::string_view q, bool cpu) {
   return v * mult;
 }
 
-struct NodeRegistry::Impl final : public v1::Control::Service {
+struct NodeRegistry::Impl final : public control::Control::Service {
   struct Fn {
-    v1::FunctionSpec spec;
+    control::FunctionSpec spec;
     uint64_t replicas = 0;
     // From the deployment's constraints ("node.name==N", "node.name!=N",
     // "kubernetes.io/hostname=N"); others are ignored, as faasd ignores all.
@@ -123,16 +125,16 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
     // replicas go elsewhere, no new compute proclets.
     bool hot = false;
     grpc::ServerContext* ctx = nullptr;
-    grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream =
-        nullptr;
+    grpc::ServerReaderWriter<control::GatewayMessage, control::NodeMessage>*
+        stream = nullptr;
     std::mutex write_mu;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Invoker::Stub> stub;  // control: logs, snapshots
     std::unique_ptr<CallClient> calls;        // function calls
     Clock::time_point last_seen;
-    std::map<std::string, v1::InstanceCount> counts;    // by ns/name
-    std::map<std::string, int> inflight;                // by ns/name
-    std::map<std::string, v1::SnapshotInfo> snapshots;  // by id
+    std::map<std::string, control::InstanceCount> counts;    // by ns/name
+    std::map<std::string, int> inflight;                     // by ns/name
+    std::map<std::string, control::SnapshotInfo> snapshots;  // by id
   };
 
   NodeRegistryOptions options;
@@ -177,7 +179,7 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
 
   // Caller holds mu. Replicas spread over the nodes the function may run on,
   // in name order.
-  v1::Assignment AssignmentLocked(const std::string& node_name);
+  control::Assignment AssignmentLocked(const std::string& node_name);
 
   // Caller holds mu. Whether the function's calls and replicas stay off hot
   // nodes: it may move and some node it may run on is not hot.
@@ -192,12 +194,12 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   // ---- Control service ----
   grpc::Status Connect(
       grpc::ServerContext* ctx,
-      grpc::ServerReaderWriter<v1::GatewayMessage, v1::NodeMessage>* stream)
-      override;
+      grpc::ServerReaderWriter<control::GatewayMessage, control::NodeMessage>*
+          stream) override;
 
   // The fast half of a node's load: what the rebalancer and the executors'
   // cluster view run on.
-  void OnPulse(Node& node, const v1::Pulse& p);
+  void OnPulse(Node& node, const control::Pulse& p);
 
   // ---- rebalancer hooks ----
   std::vector<NodeLoadView> LoadViews();
@@ -215,33 +217,34 @@ struct NodeRegistry::Impl final : public v1::Control::Service {
   // Written when a node's set changes (or what it keeps staged), not when
   // only the bytes it holds resident move: those are kept in memory.
   void RecordSnapshotsLocked(Node& node,
-                             std::map<std::string, v1::SnapshotInfo> now);
+                             std::map<std::string, control::SnapshotInfo> now);
 
   static void ToLayout(const StructureView& v, pv1::Layout* out);
 
   grpc::Status OpenStructure(grpc::ServerContext*,
-                             const v1::OpenStructureRequest* req,
+                             const control::OpenStructureRequest* req,
                              pv1::Layout* res) override;
 
-  grpc::Status GetLayout(grpc::ServerContext*, const v1::GetLayoutRequest* req,
+  grpc::Status GetLayout(grpc::ServerContext*,
+                         const control::GetLayoutRequest* req,
                          pv1::Layout* res) override;
 
   // A node that is stopping: from now on it takes no new proclets, and the
   // ones it holds move to the others. Runs on this handler thread for as long
   // as the migrations take (bounded by the caller's deadline).
-  grpc::Status Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
-                     v1::DrainReply* res) override;
+  grpc::Status Drain(grpc::ServerContext* ctx, const control::DrainRequest* req,
+                     control::DrainReply* res) override;
 
   // Live nodes for the directory.
   std::vector<DirectoryNode> DirectoryNodes();
 
   grpc::Status FindSnapshot(grpc::ServerContext*,
-                            const v1::FindSnapshotRequest* req,
-                            v1::FindSnapshotResponse* res) override;
+                            const control::FindSnapshotRequest* req,
+                            control::FindSnapshotResponse* res) override;
 
   grpc::Status FetchBundle(
-      grpc::ServerContext*, const v1::FetchBundleRequest* req,
-      grpc::ServerWriter<v1::BundleChunk>* writer) override;
+      grpc::ServerContext*, const control::FetchBundleRequest* req,
+      grpc::ServerWriter<control::BundleChunk>* writer) override;
 
   void LivenessLoop();
 

@@ -194,7 +194,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
       pv1::Layout layout;
       grpc::Status st;
       if (create) {
-        v1::OpenStructureRequest req;
+        control::OpenStructureRequest req;
         req.set_namespace_(ns);
         req.set_name(name);
         req.set_kind(kind);
@@ -203,7 +203,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
         req.set_function(function);
         st = p->control->OpenStructure(&ctx, req, &layout);
       } else {
-        v1::GetLayoutRequest req;
+        control::GetLayoutRequest req;
         req.set_namespace_(ns);
         req.set_name(name);
         st = p->control->GetLayout(&ctx, req, &layout);
@@ -348,7 +348,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
   args.SetMaxReceiveMessageSize(256 << 20);
   impl->gateway_channel = grpc::CreateCustomChannel(
       options.gateway, grpc::InsecureChannelCredentials(), args);
-  impl->control = v1::Control::NewStub(impl->gateway_channel);
+  impl->control = control::Control::NewStub(impl->gateway_channel);
   Impl* p = impl.get();
   {
     ExecutorOptions eo;
@@ -366,7 +366,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(10));
-      v1::GetLayoutRequest req;
+      control::GetLayoutRequest req;
       req.set_namespace_(ns);
       req.set_name(name);
       pv1::Layout layout;
@@ -418,9 +418,9 @@ absl::Status Invoker::Drain(std::chrono::milliseconds timeout) {
     if (im.stopping) return absl::CancelledError("the invoker is stopping");
     im.drain_ctx = &ctx;
   }
-  v1::DrainRequest req;
+  control::DrainRequest req;
   req.set_node_name(im.node_name);
-  v1::DrainReply res;
+  control::DrainReply res;
   grpc::Status st = im.control->Drain(&ctx, req, &res);
   {
     std::lock_guard<std::mutex> l(im.stop_mu);

@@ -110,7 +110,7 @@ absl::StatusOr<Lease> Invoker::Impl::Acquire(std::shared_ptr<Pool> pool_ptr,
 }
 
 void Invoker::Impl::Release(Pool& pool, Lease lease, bool keep,
-                            v1::InstanceCount* count) {
+                            control::InstanceCount* count) {
   std::unique_ptr<Instance> doomed;  // stops after the lock is let go
   {
     std::lock_guard<std::mutex> l(mu);
@@ -348,7 +348,7 @@ void Invoker::Impl::Call(call_wire::Request& req, call_wire::Reply* res,
       RecordWorkingSet(std::exchange(inst->record_working_set, ""),
                        inst->proc->pid());
   }
-  v1::InstanceCount count;
+  control::InstanceCount count;
   if (force != ColdStart::kAny) {
     // A forced start serves one call; the reaper tears the instance down
     // after the answer is out.
@@ -444,7 +444,7 @@ TaskTarget Invoker::Impl::TargetOf(const std::string& ns,
   return t;
 }
 
-void Invoker::Impl::SetCluster(const v1::ClusterView& v) {
+void Invoker::Impl::SetCluster(const control::ClusterView& v) {
   ClusterView::Nodes nodes;
   for (const auto& n : v.nodes())
     nodes.push_back({n.name(), n.data_address(), n.cores(), n.cpu_used(),

@@ -4,7 +4,7 @@
 
 namespace silt::invoker {
 
-void Invoker::Impl::ApplyAssignment(const v1::Assignment& a) {
+void Invoker::Impl::ApplyAssignment(const control::Assignment& a) {
   if (!a.data_key().empty() && proclet_host)
     proclet_host->SetDataKey(a.data_key());
   std::vector<std::pair<FunctionSpec, uint32_t>> wanted;
@@ -52,7 +52,7 @@ void Invoker::Impl::ApplyAssignment(const v1::Assignment& a) {
   }
 }
 
-void Invoker::Impl::DeleteSnapshots(const v1::DeleteSnapshots& d) {
+void Invoker::Impl::DeleteSnapshots(const control::DeleteSnapshots& d) {
   for (const auto& id : d.ids()) DropImage(id, "");
 }
 
@@ -184,8 +184,8 @@ uint64_t Invoker::Impl::MemoryCapacity() const {
   return 0;
 }
 
-v1::InstanceCount Invoker::Impl::CountLocked(const Pool& pool) {
-  v1::InstanceCount c;
+control::InstanceCount Invoker::Impl::CountLocked(const Pool& pool) {
+  control::InstanceCount c;
   c.set_name(pool.spec.name());
   c.set_namespace_(pool.spec.namespace_());
   c.set_generation(pool.spec.generation());
@@ -194,8 +194,8 @@ v1::InstanceCount Invoker::Impl::CountLocked(const Pool& pool) {
   return c;
 }
 
-v1::LoadReport Invoker::Impl::Report(uint64_t seq) {
-  v1::LoadReport r;
+control::LoadReport Invoker::Impl::Report(uint64_t seq) {
+  control::LoadReport r;
   r.set_seq(seq);
   std::lock_guard<std::mutex> l(mu);
   uint64_t mem = 0;
@@ -255,7 +255,7 @@ void Invoker::Impl::ConnectLoop() {
     connect_ctx = &ctx;
     if (Stopping()) break;
     auto stream = control->Connect(&ctx);
-    v1::NodeMessage hello;
+    control::NodeMessage hello;
     auto* reg = hello.mutable_register_();
     reg->set_node_name(node_name);
     reg->set_address(address);
@@ -268,7 +268,7 @@ void Invoker::Impl::ConnectLoop() {
       backoff_ms = 100;
       std::atomic<bool> done{false};
       std::thread reader([&] {
-        v1::GatewayMessage msg;
+        control::GatewayMessage msg;
         while (stream->Read(&msg)) {
           if (msg.has_assignment()) ApplyAssignment(msg.assignment());
           if (msg.has_delete_snapshots())
@@ -291,14 +291,14 @@ void Invoker::Impl::ConnectLoop() {
         bool pulses = options.pulse_interval > std::chrono::milliseconds(0);
         bool report = now >= next_report || !pulses;
         if (report) {
-          v1::NodeMessage m;
+          control::NodeMessage m;
           *m.mutable_report() = Report(++seq);
           next_report = now + options.report_interval;
           if (!stream->Write(m)) break;
         }
         if (pulses) {
           if (auto p = pulse.Next(PulseSample(), /*force=*/report)) {
-            v1::NodeMessage m;
+            control::NodeMessage m;
             *m.mutable_pulse() = *std::move(p);
             if (!stream->Write(m)) break;
           }

@@ -200,9 +200,9 @@ absl::StatusOr<std::string> Invoker::Impl::EnsureImage(Pool& pool) {
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::FindSnapshotRequest req;
+  control::FindSnapshotRequest req;
   req.set_id(id);
-  v1::FindSnapshotResponse peers;
+  control::FindSnapshotResponse peers;
   grpc::Status st = control->FindSnapshot(&ctx, req, &peers);
   if (!st.ok())
     return absl::UnavailableError(absl::StrCat(

@@ -46,6 +46,7 @@
 #include "channel.h"
 #include "cluster_view.h"
 #include "executor.h"
+#include "gateway/proto/control.grpc.pb.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gpu/devices.h"
@@ -71,9 +72,10 @@
 
 namespace silt::invoker {
 
+namespace control = ::silt::control::v1;
 using Clock = std::chrono::steady_clock;
 using call_wire::ColdStart;
-using v1::FunctionSpec;
+using control::FunctionSpec;
 
 // Cold starts of one function this close together make a burst; a function
 // keeps earning fork templates for this long after its last one.
@@ -274,7 +276,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::string address;
   std::unique_ptr<grpc::Server> server;
   std::shared_ptr<grpc::Channel> gateway_channel;
-  std::unique_ptr<v1::Control::Stub> control;
+  std::unique_ptr<control::Control::Stub> control;
   LogBook logs;
   std::unique_ptr<LogCollector> collector;
   // Memory proclets held here and the instances' state connections.
@@ -625,7 +627,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // discarded (one taking several calls once its last call ends). `count`,
   // when given, gets the pool's instances after that.
   void Release(Pool& pool, Lease lease, bool keep,
-               v1::InstanceCount* count = nullptr);
+               control::InstanceCount* count = nullptr);
 
   std::chrono::milliseconds Timeout(const FunctionSpec& spec,
                                     uint64_t requested_ms);
@@ -668,15 +670,15 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // timeout.
   TaskTarget TargetOf(const std::string& ns, const std::string& function);
 
-  void SetCluster(const v1::ClusterView& v);
+  void SetCluster(const control::ClusterView& v);
 
   grpc::Status Logs(grpc::ServerContext* ctx, const v1::LogsRequest* req,
                     grpc::ServerWriter<v1::LogEntry>* writer) override;
 
   // ---- desired state, reports, reaping ----
-  void ApplyAssignment(const v1::Assignment& a);
+  void ApplyAssignment(const control::Assignment& a);
 
-  void DeleteSnapshots(const v1::DeleteSnapshots& d);
+  void DeleteSnapshots(const control::DeleteSnapshots& d);
 
   // Starts instances until the pool has its minimum.
   void Fill(std::shared_ptr<Pool> pool);
@@ -689,9 +691,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 
   uint64_t MemoryCapacity() const;
 
-  v1::InstanceCount CountLocked(const Pool& pool);
+  control::InstanceCount CountLocked(const Pool& pool);
 
-  v1::LoadReport Report(uint64_t seq);
+  control::LoadReport Report(uint64_t seq);
 
   // Keeps a Connect stream to the gateway: register, report, apply assignments;
   // reconnects with backoff when the gateway goes away.

@@ -26,10 +26,10 @@ absl::StatusOr<std::shared_ptr<Bundle>> Invoker::Impl::EnsureBundle(
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::minutes(2));
-    v1::FetchBundleRequest req;
+    control::FetchBundleRequest req;
     req.set_digest(digest);
     auto reader = control->FetchBundle(&ctx, req);
-    v1::BundleChunk chunk;
+    control::BundleChunk chunk;
     while (reader->Read(&chunk)) tar += chunk.data();
     grpc::Status st = reader->Finish();
     if (!st.ok()) {

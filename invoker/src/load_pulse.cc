@@ -5,7 +5,7 @@
 
 namespace silt::invoker {
 
-std::optional<v1::Pulse> LoadPulse::Next(const Sample& s, bool force) {
+std::optional<control::Pulse> LoadPulse::Next(const Sample& s, bool force) {
   // An instance cgroup went away and took its CPU time with it: the split
   // between ours and foreign is unknown across that; start a new window.
   if (!samples_.empty() &&
@@ -19,7 +19,7 @@ std::optional<v1::Pulse> LoadPulse::Next(const Sample& s, bool force) {
   // Never over less than a window (after a new one started above, the first
   // samples are too close together to say anything).
   if (samples_.size() < 2 || s.at - first.at < window_) return std::nullopt;
-  v1::Pulse p;
+  control::Pulse p;
   uint64_t total = s.cpu_nanos - std::min(s.cpu_nanos, first.cpu_nanos);
   uint64_t ours = s.instances_cpu_nanos -
                   std::min(s.instances_cpu_nanos, first.instances_cpu_nanos);

@@ -10,9 +10,11 @@
 #include <deque>
 #include <optional>
 
-#include "invoker/proto/invoker.pb.h"
+#include "gateway/proto/control.pb.h"
 
 namespace silt::invoker {
+
+namespace control = ::silt::control::v1;
 
 class LoadPulse {
  public:
@@ -37,13 +39,13 @@ class LoadPulse {
   // The pulse to send for this sample, if any (with `force`, whenever there
   // are two samples to compare: after each full report, so that the gateway
   // holds the current figures, not the report's averages).
-  std::optional<v1::Pulse> Next(const Sample& s, bool force = false);
+  std::optional<control::Pulse> Next(const Sample& s, bool force = false);
 
  private:
   double change_;
   std::chrono::milliseconds window_;
   std::deque<Sample> samples_;
-  std::optional<v1::Pulse> last_;
+  std::optional<control::Pulse> last_;
 };
 
 }  // namespace silt::invoker

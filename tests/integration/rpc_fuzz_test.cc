@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cluster.h"
+#include "gateway/proto/control.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -30,6 +31,7 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 namespace pb = silt::invoker::v1;
+namespace cpb = silt::control::v1;
 namespace ppb = silt::proclets::v1;
 
 // One call of `method` with `bytes` as its (only) request message; reads at
@@ -195,18 +197,18 @@ TEST_F(RpcFuzzTest, InvokerAndGatewayHandlersSurviveArbitraryRequests) {
       {"/silt.proclets.v1.ProcletHost/MergeShards", {Bytes(merge)}},
   };
 
-  pb::FetchBundleRequest bundle;
+  cpb::FetchBundleRequest bundle;
   bundle.set_digest(image_.substr(image_.find('@') + 1));
-  pb::FindSnapshotRequest find;
+  cpb::FindSnapshotRequest find;
   find.set_id("0123456789abcdef");
-  pb::OpenStructureRequest open;
+  cpb::OpenStructureRequest open;
   open.set_namespace_("openfaas-fn");
   open.set_name("fuzzed");
   open.set_initial_shards(2);
-  pb::GetLayoutRequest layout;
+  cpb::GetLayoutRequest layout;
   layout.set_namespace_("openfaas-fn");
   layout.set_name("fuzzed");
-  pb::DrainRequest drain;
+  cpb::DrainRequest drain;
   drain.set_node_name("no-such-node");
   std::vector<Method> gateway_methods = {
       {"/silt.invoker.v1.Control/FetchBundle", {Bytes(bundle)}},
