@@ -13,6 +13,8 @@
 namespace silt::invoker {
 namespace {
 
+size_t SizeOf(const v1::WorkerReply& frame) { return frame.body().size() + 64; }
+
 std::chrono::milliseconds Left(CallMux::Clock::time_point deadline) {
   return std::max(std::chrono::milliseconds(0),
                   std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -44,6 +46,7 @@ void CallMux::End(uint64_t seq) {
   absl::MutexLock l(&mu_);
   auto it = boxes_.find(seq);
   if (it == boxes_.end()) return;
+  for (const auto& frame : it->second.frames) queued_bytes_ -= SizeOf(frame);
   if (it->second.wake >= 0) {
     uint64_t drained;
     while (read(it->second.wake, &drained, sizeof(drained)) > 0) {
@@ -51,6 +54,7 @@ void CallMux::End(uint64_t seq) {
     spare_wakes_.push_back(it->second.wake);
   }
   boxes_.erase(it);
+  HandOff(seq);  // the frames it dropped may have been what held reading up
 }
 
 absl::Status CallMux::Send(uint64_t seq, v1::WorkerCall& call) {
@@ -76,11 +80,12 @@ absl::Status CallMux::Next(uint64_t seq, v1::WorkerReply* reply,
     if (!box.frames.empty()) {
       *reply = std::move(box.frames.front());
       box.frames.pop_front();
+      queued_bytes_ -= SizeOf(*reply);
       HandOff(seq);
       return absl::OkStatus();
     }
     if (!broken_.ok()) return broken_;
-    if (!reading_) {
+    if (!reading_ && queued_bytes_ < kMaxQueuedBytes) {
       reading_ = true;
       v1::WorkerReply frame;
       absl::Status s;
@@ -108,6 +113,7 @@ absl::Status CallMux::Next(uint64_t seq, v1::WorkerReply* reply,
         return s;
       }
       if (auto owner = boxes_.find(frame.seq()); owner != boxes_.end()) {
+        queued_bytes_ += SizeOf(frame);
         owner->second.frames.push_back(std::move(frame));
         if (owner->first != seq) Wake(owner->second);
       }  // else a frame of a call that ended: dropped
@@ -133,8 +139,14 @@ absl::Status CallMux::Next(uint64_t seq, v1::WorkerReply* reply,
   }
 }
 
+size_t CallMux::queued_bytes() {
+  absl::MutexLock l(&mu_);
+  return queued_bytes_;
+}
+
 void CallMux::HandOff(uint64_t seq) {
-  if (reading_) return;  // the reader reads on
+  // The reader reads on; or nobody may until calls take what is queued.
+  if (reading_ || queued_bytes_ >= kMaxQueuedBytes) return;
   // A waiting call with a frame was woken when it came: it reads next only
   // if nothing else does.
   for (const auto& [other, box] : boxes_) {

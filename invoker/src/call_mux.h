@@ -7,6 +7,11 @@
 // its own, wakes one waiting call to read on. The mux has no thread: between
 // calls the channel is as quiet as that of an instance taking one call at a
 // time, so it may be parked, templated or checkpointed the same way.
+//
+// Frames read for calls that have not taken them yet are held here, up to
+// kMaxQueuedBytes: past that nobody reads the channel until calls take theirs
+// (a streamed reply whose caller reads slowly holds the others up rather than
+// filling the invoker's memory; the worker's writes then wait on the channel).
 #ifndef SILT_INVOKER_CALL_MUX_H_
 #define SILT_INVOKER_CALL_MUX_H_
 
@@ -47,6 +52,10 @@ class CallMux {
   // Forgets call `seq`: frames that still come for it are dropped.
   void End(uint64_t seq);
 
+  static constexpr size_t kMaxQueuedBytes = 8u << 20;
+  // The bytes of frames held for calls that have not taken them yet.
+  size_t queued_bytes();
+
  private:
   struct Box {
     std::deque<v1::WorkerReply> frames;
@@ -69,6 +78,7 @@ class CallMux {
   std::vector<int> spare_wakes_
       ABSL_GUARDED_BY(mu_);                    // eventfds of ended calls
   bool reading_ ABSL_GUARDED_BY(mu_) = false;  // a call has the read turn
+  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
 };
 

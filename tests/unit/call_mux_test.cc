@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <map>
 #include <random>
@@ -23,6 +25,17 @@ namespace {
 
 using Clock = CallMux::Clock;
 using std::chrono::milliseconds;
+
+// Polls `cond` until it holds or 5 s pass (the state it waits for is changed
+// by the mux's reading thread).
+bool Eventually(const std::function<bool()>& cond) {
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return cond();
+}
 
 class CallMuxTest : public ::testing::Test {
  protected:
@@ -136,6 +149,52 @@ TEST_F(CallMuxTest, ManyCallsAllGetTheirAnswers) {
       EXPECT_EQ(*got, "012");
     }
   }
+}
+
+// A streamed reply whose call takes its parts slowly: the mux holds at most
+// kMaxQueuedBytes of them (then nobody reads the channel: the worker's writes
+// wait), and every call still gets its answer once the slow one reads on.
+TEST_F(CallMuxTest, FramesHeldForASlowCallAreBounded) {
+  uint64_t slow = Start("slow"), quick = Start("quick");
+  Take();
+  Take();
+  constexpr int kParts = 40;  // 40 MiB, five times the bound
+  std::atomic<bool> written{false};
+  std::thread worker([&] {
+    for (int i = 0; i < kParts; ++i)
+      Answer(slow, std::string(1 << 20, static_cast<char>('a' + i % 26)),
+             /*more=*/true);
+    Answer(slow, "end");
+    Answer(quick, "done");
+    written = true;
+  });
+  // `quick` reads for both until the bound, then waits.
+  auto fq = std::async(std::launch::async,
+                       [&] { return Finish(quick, milliseconds(20000)); });
+  size_t most = 0;
+  std::string got;
+  auto deadline = Clock::now() + milliseconds(20000);
+  for (bool more = true; more;) {
+    // Let the frames pile up to the bound before taking each one.
+    ASSERT_TRUE(Eventually([&] {
+      size_t queued = mux_->queued_bytes();
+      most = std::max(most, queued);
+      return queued >= CallMux::kMaxQueuedBytes || (written && queued > 0);
+    })) << "the frames did not pile up: "
+        << mux_->queued_bytes();
+    v1::WorkerReply r;
+    ASSERT_TRUE(mux_->Next(slow, &r, deadline).ok());
+    got += r.body().substr(0, 1);
+    more = r.more();
+  }
+  mux_->End(slow);
+  worker.join();
+  auto q = fq.get();
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(*q, "done");
+  EXPECT_EQ(got.size(), kParts + 1u);
+  EXPECT_LE(most, CallMux::kMaxQueuedBytes + (1u << 20) + 64);
+  EXPECT_GE(most, CallMux::kMaxQueuedBytes);  // the bound, not less, was used
 }
 
 TEST_F(CallMuxTest, FramesOfAnEndedCallAreDropped) {
