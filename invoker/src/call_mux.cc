@@ -122,17 +122,17 @@ absl::Status CallMux::Next(uint64_t seq, v1::WorkerReply* reply,
     box.waiting = true;
     int wake = box.wake;
     mu_.Unlock();
-    int why = Sleep(wake, watch, deadline);
+    Woke why = Sleep(wake, watch, deadline);
     mu_.Lock();
     box.waiting = false;
     uint64_t drained;
     while (read(wake, &drained, sizeof(drained)) > 0) {
     }
-    if (why == 1) {
+    if (why == Woke::kByCaller) {
       HandOff(seq);
       return absl::CancelledError("the caller's connection closed");
     }
-    if (why == 2 && box.frames.empty() && broken_.ok()) {
+    if (why == Woke::kByDeadline && box.frames.empty() && broken_.ok()) {
       HandOff(seq);
       return absl::DeadlineExceededError("no frame in time");
     }
@@ -162,15 +162,15 @@ void CallMux::Wake(const Box& box) {
   if (box.wake >= 0) (void)!write(box.wake, &one, sizeof(one));
 }
 
-int CallMux::Sleep(int wake, int watch, Clock::time_point deadline) {
+CallMux::Woke CallMux::Sleep(int wake, int watch, Clock::time_point deadline) {
   while (true) {
     pollfd p[2] = {{wake, POLLIN, 0}, {watch, POLLIN | POLLRDHUP, 0}};
     int n = poll(p, 2, static_cast<int>(Left(deadline).count()));
     if (n < 0 && errno == EINTR) continue;
-    if (n > 0 && p[1].revents != 0) return 1;
-    if (n > 0) return 0;
-    return 2;  // timed out (or poll failed: the caller gives up as at a
-               // timeout)
+    if (n > 0 && p[1].revents != 0) return Woke::kByCaller;
+    if (n > 0) return Woke::kByMux;
+    // Timed out (or poll failed: the caller gives up as at a timeout).
+    return Woke::kByDeadline;
   }
 }
 

@@ -66,9 +66,9 @@ class CallMux {
   // that waits with nothing to take, to read on.
   void HandOff(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Wake(const Box& box);
-  // Waits for `box.wake` or `watch` until `deadline`: 0 woken, 1 the watch
-  // fired, 2 timed out.
-  static int Sleep(int wake, int watch, Clock::time_point deadline);
+  enum class Woke { kByMux, kByCaller, kByDeadline };
+  // Waits for `wake` (the call's eventfd) or `watch` until `deadline`.
+  static Woke Sleep(int wake, int watch, Clock::time_point deadline);
 
   const int channel_;
   absl::Mutex write_mu_;  // one frame at a time onto the channel

@@ -168,37 +168,27 @@ absl::Status Invoker::Impl::CallInstance(Pool& pool, Instance& inst,
                         deadline - Clock::now()));
   };
   call.set_timeout_ms(static_cast<uint64_t>(Left().count()));
-  absl::Status s;
-  if (inst.mux) {
-    // One of the calls it takes at once: its frames come through the mux.
-    uint64_t seq = inst.mux->Begin();
-    s = inst.mux->Send(seq, call);
-    bool streaming = false;
-    while (s.ok()) {
-      s = inst.mux->Next(seq, reply, deadline + std::chrono::milliseconds(100),
-                         streaming ? watch : -1);
-      if (!s.ok() || !reply->more()) break;
-      streaming = true;
-      if (!parts || !parts(*reply))
-        s = absl::CancelledError("the caller went away mid-stream");
-    }
-    inst.mux->End(seq);
-  } else {
-    s = WriteFrame(inst.channel, call);
-    bool streaming = false;
-    while (s.ok()) {
-      if (streaming && watch >= 0)
-        s = AwaitFrame(inst.channel, watch,
-                       Left() + std::chrono::milliseconds(100));
-      if (s.ok())
-        s = ReadFrame(inst.channel, reply,
-                      Left() + std::chrono::milliseconds(100));
-      if (!s.ok() || !reply->more()) break;
-      streaming = true;
-      if (!parts || !parts(*reply))
-        s = absl::CancelledError("the caller went away mid-stream");
-    }
+  // One of the calls of an instance that takes several at once gets its
+  // frames through the mux; otherwise the channel is the call's alone.
+  const uint64_t seq = inst.mux ? inst.mux->Begin() : 0;
+  auto next_frame = [&](bool streaming) {
+    const int caller = streaming ? watch : -1;
+    const auto wait = Left() + std::chrono::milliseconds(100);
+    if (inst.mux)
+      return inst.mux->Next(seq, reply, Clock::now() + wait, caller);
+    absl::Status s = absl::OkStatus();
+    if (caller >= 0) s = AwaitFrame(inst.channel, caller, wait);
+    return s.ok() ? ReadFrame(inst.channel, reply, wait) : s;
+  };
+  absl::Status s =
+      inst.mux ? inst.mux->Send(seq, call) : WriteFrame(inst.channel, call);
+  for (bool streaming = false; s.ok(); streaming = true) {
+    s = next_frame(streaming);
+    if (!s.ok() || !reply->more()) break;
+    if (!parts || !parts(*reply))
+      s = absl::CancelledError("the caller went away mid-stream");
   }
+  if (inst.mux) inst.mux->End(seq);
   if (s.ok()) {
     // The instance lives, but the OOM killer may have ended one of its
     // processes (a classic fprocess): the failed call says why.

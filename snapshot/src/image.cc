@@ -17,7 +17,6 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -25,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
+#include "proclets/json_integer.h"
 #include "snapshot/criu.h"
 
 namespace silt::snapshot {
@@ -111,21 +111,6 @@ void CommonOptions(criu_opts* o, const std::string& binary) {
   criu_local_set_manage_cgroups_mode(o, CRIU_CG_MODE_IGNORE);
 }
 
-// An integer member read only from a JSON integer: nlohmann's get<T>() casts a
-// float unchecked, undefined when it does not fit (a manifest comes from disk
-// or a peer). Missing: `fallback`, or json::out_of_range when there is none.
-template <typename T>
-T IntegerAt(const json& j, const char* key,
-            std::optional<T> fallback = std::nullopt) {
-  auto it = j.find(key);
-  if (it == j.end() && fallback) return *fallback;
-  const json& v = j.at(key);
-  if (!v.is_number_integer())
-    throw json::type_error::create(
-        302, absl::StrCat(key, " must be an integer, not ", v.type_name()), &v);
-  return v.get<T>();
-}
-
 }  // namespace
 
 std::string ManifestToJson(const Manifest& m) {
@@ -157,18 +142,18 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text) {
     m.id = j.at("id").get<std::string>();
     m.function = j.at("function").get<std::string>();
     m.ns = j.at("namespace").get<std::string>();
-    m.generation = IntegerAt<uint64_t>(j, "generation");
+    m.generation = proclets::JsonIntegerAt<uint64_t>(j, "generation");
     m.bundle_digest = j.at("bundleDigest").get<std::string>();
     m.kind = j.value("kind", "");
-    m.abi = IntegerAt<int>(j, "abi", 1);
+    m.abi = proclets::JsonIntegerOr<int>(j, "abi", 1);
     m.kernel = j.value("kernel", "");
-    m.criu_version = IntegerAt<int>(j, "criuVersion", 0);
-    m.created_unix = IntegerAt<int64_t>(j, "created", 0);
+    m.criu_version = proclets::JsonIntegerOr<int>(j, "criuVersion", 0);
+    m.created_unix = proclets::JsonIntegerOr<int64_t>(j, "created", 0);
     m.checkpoint_ms = j.value("checkpointMs", 0.0);
-    m.bytes = IntegerAt<uint64_t>(j, "bytes", 0);
+    m.bytes = proclets::JsonIntegerOr<uint64_t>(j, "bytes", 0);
     for (const auto& f : j.at("files")) {
       ImageFile file{f.at("name").get<std::string>(),
-                     IntegerAt<uint64_t>(f, "size"),
+                     proclets::JsonIntegerAt<uint64_t>(f, "size"),
                      f.at("sha256").get<std::string>()};
       if (file.name.empty() || file.name.find('/') != std::string::npos ||
           file.name == "." || file.name == "..")

@@ -541,23 +541,31 @@ TEST_F(FunctionsTest, AvailableReplicasIsRightTheMomentACallAnswers) {
   EXPECT_TRUE(absl::StrContains(d.out, "Status:           Ready")) << d.out;
 }
 
+// Makes `call` `n` times at once; the answers ("STATUS BODY"), sorted.
+std::vector<std::string> AtOnce(
+    int n, const std::function<deploy::HttpResult()>& call) {
+  std::mutex mu;
+  std::vector<std::string> seen;
+  std::vector<std::thread> calls;
+  for (int i = 0; i < n; ++i) {
+    calls.emplace_back([&] {
+      auto r = call();
+      std::lock_guard<std::mutex> l(mu);
+      seen.push_back(absl::StrCat(r.status, " ", r.body));
+    });
+  }
+  for (auto& c : calls) c.join();
+  std::sort(seen.begin(), seen.end());
+  return seen;
+}
+
 TEST_F(FunctionsTest, FullQueueIs429) {
   // One instance, one queued call (--max-queue 1): of four concurrent slow
   // calls two run (one after the other) and two are refused.
   Deploy({{"service", "probe"}, {"labels", {{"com.openfaas.scale.max", "1"}}}});
   ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
-  std::mutex mu;
-  std::vector<std::string> seen;
-  std::vector<std::thread> calls;
-  for (int i = 0; i < 4; ++i) {
-    calls.emplace_back([&] {
-      auto r = Invoke("GET", "/function/probe/sleep?ms=1500");
-      std::lock_guard<std::mutex> l(mu);
-      seen.push_back(absl::StrCat(r.status, " ", r.body));
-    });
-  }
-  for (auto& t : calls) t.join();
-  std::sort(seen.begin(), seen.end());
+  auto seen =
+      AtOnce(4, [&] { return Invoke("GET", "/function/probe/sleep?ms=1500"); });
   ASSERT_EQ(seen.size(), 4u);
   EXPECT_EQ(seen[0], "200 slept") << absl::StrJoin(seen, " | ");
   EXPECT_EQ(seen[1], "200 slept") << absl::StrJoin(seen, " | ");
@@ -770,24 +778,6 @@ TEST_F(FunctionsTest, HandlerFailingMidStreamCutsTheBodyShort) {
   EXPECT_FALSE(r.ended());
   EXPECT_EQ(r.body(), "first part\n");
   EXPECT_EQ(Invoke("GET", "/function/probe/state").status, 200);
-}
-
-// Makes `call` `n` times at once; the answers ("STATUS BODY"), sorted.
-std::vector<std::string> AtOnce(
-    int n, const std::function<deploy::HttpResult()>& call) {
-  std::mutex mu;
-  std::vector<std::string> seen;
-  std::vector<std::thread> calls;
-  for (int i = 0; i < n; ++i) {
-    calls.emplace_back([&] {
-      auto r = call();
-      std::lock_guard<std::mutex> l(mu);
-      seen.push_back(absl::StrCat(r.status, " ", r.body));
-    });
-  }
-  for (auto& c : calls) c.join();
-  std::sort(seen.begin(), seen.end());
-  return seen;
 }
 
 // A function that declared itself thread-safe (SILT_CONCURRENCY; the probe

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <functional>
 #include <future>
 #include <map>
 #include <random>
@@ -18,24 +17,15 @@
 
 #include "absl/status/statusor.h"
 #include "channel.h"
+#include "common/process.h"
 #include "gtest/gtest.h"
 
 namespace silt::invoker {
 namespace {
 
 using Clock = CallMux::Clock;
+using silt::testing::Eventually;
 using std::chrono::milliseconds;
-
-// Polls `cond` until it holds or 5 s pass (the state it waits for is changed
-// by the mux's reading thread).
-bool Eventually(const std::function<bool()>& cond) {
-  auto deadline = Clock::now() + std::chrono::seconds(5);
-  while (Clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return cond();
-}
 
 class CallMuxTest : public ::testing::Test {
  protected:
