@@ -296,10 +296,10 @@ void Reseed(uint64_t seed) {
 // a daemon) and reaps it: nothing of one call runs on into the next. The
 // worker is pid 1 of its sandbox (every process there is its descendant) or
 // a forked clone, a child subreaper (SetUpLeftoverReaping) whose orphaned
-// descendants become its children. Returns how many were ended.
-int EndLeftovers() {
+// descendants become its children. Returns how many were ended; `killed`:
+// the caller already sent the leftovers SIGKILL (so each one reaped counts).
+int EndLeftovers(bool killed = false) {
   int ended = 0;
-  bool killed = false;
   while (true) {
     pid_t p = waitpid(-1, nullptr, WNOHANG | __WALL);
     if (p > 0) {
@@ -342,8 +342,8 @@ void SetUpLeftoverReaping() {
 }
 
 // After a call: says in the function's log what was ended.
-void EndCallLeftovers() {
-  if (int n = EndLeftovers(); n > 0)
+void EndCallLeftovers(bool killed = false) {
+  if (int n = EndLeftovers(killed); n > 0)
     LogLine(absl::StrCat("Ended ", n, " process", n == 1 ? "" : "es",
                          " the call left behind."));
 }
@@ -546,6 +546,7 @@ class ClassicRuntime {
             : std::nullopt;
     bool timed_out = false;
     bool done = false;
+    bool exited_seen = false;  // the fprocess exited (its pidfd said so)
     while (!done) {
       pollfd fds[3] = {{out[0], POLLIN, 0},
                        {in_open ? in[1] : -1, POLLOUT, 0},
@@ -566,7 +567,7 @@ class ClassicRuntime {
       // Exited: take what it wrote (still in the pipe) and stop there.
       if (fds[2].revents & POLLIN) {
         fds[0].revents |= POLLIN;
-        done = true;
+        done = exited_seen = true;
       }
       if (in_open && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
         ssize_t n = write(in[1], body.data() + written, body.size() - written);
@@ -585,13 +586,22 @@ class ClassicRuntime {
     close(out[0]);
     if (exited >= 0) close(exited);
     // Whatever it left behind (a child still holding stdout, a daemon) ends
-    // with the call.
-    kill(-pid, SIGKILL);
-    if (timed_out) kill(pid, SIGKILL);
+    // with the call. The fprocess is reaped first when it exited, so that
+    // its group holds only what it left (said in the log as such even when
+    // the group's kill ends it before EndLeftovers looks).
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    auto reap = [&] {
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    };
+    if (exited_seen) reap();
+    // Once it is reaped, whatever its group still holds was left behind.
+    const bool killed = kill(-pid, SIGKILL) == 0;
+    if (!exited_seen) {
+      kill(pid, SIGKILL);
+      reap();
     }
-    EndCallLeftovers();
+    EndCallLeftovers(killed);
     double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();

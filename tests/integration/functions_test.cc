@@ -398,8 +398,11 @@ TEST_F(FunctionsTest, StateStructuresPlacedMovedAndLost) {
   EXPECT_EQ(ok("/kv/mget?n=" + std::to_string(acked.load()) + "&p=w&v=x"),
             std::to_string(acked.load()));
   procs = json::parse(gw_->Call("GET", "/system/proclets").body);
-  for (const auto& p : procs)
-    if (p["id"] == kv_id) EXPECT_EQ(p["node"], "node-a") << p.dump();
+  for (const auto& p : procs) {
+    if (p["id"] == kv_id) {
+      EXPECT_EQ(p["node"], "node-a") << p.dump();
+    }
+  }
   // Bad migrations: unknown node, not a number.
   EXPECT_EQ(gw_->Call("POST",
                       "/system/proclets/" + std::to_string(kv_id) + "/migrate",
@@ -672,10 +675,11 @@ TEST_F(FunctionsTest, EventStreamReachesTheCallerAsItIsWritten) {
     ASSERT_TRUE(sse.ReadUntil(event)) << "event " << i << ": " << sse.body();
     EXPECT_FALSE(absl::StrContains(sse.body(), absl::StrCat("event ", i + 1)))
         << sse.body();
-    if (i < 3)
+    if (i < 3) {
       ASSERT_EQ(
           Invoke("POST", "/function/probe/q/push?name=sse-go", "go").status,
           200);
+    }
   }
   while (sse.NextChunk()) {
   }
@@ -857,9 +861,11 @@ TEST_F(FunctionsTest, ConcurrencyLabelLowersWhatTheFunctionDeclared) {
           {"labels",
            {{"com.openfaas.scale.max", "1"}, {"com.silt.concurrency", "2"}}}});
   ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
-  // Three calls, two at a time: the third waits for a place.
+  // Three calls, two at a time: the third waits for a place. Each waits up
+  // to 2 s for a third call beside it (long enough that the first two meet
+  // also on a loaded machine).
   auto seen = AtOnce(3, [&] {
-    return Invoke("GET", "/function/probe/overlap?n=3&wait_ms=300");
+    return Invoke("GET", "/function/probe/overlap?n=3&wait_ms=2000");
   });
   for (const auto& s : seen)
     EXPECT_TRUE(absl::StartsWith(s, "200 together=2 ")) << s;
