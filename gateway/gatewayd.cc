@@ -56,7 +56,13 @@ int main(int argc, char** argv) {
   int node_timeout_ms = 5000;
   size_t max_function_body_mib = o.max_function_body_bytes >> 20;
   app.add_option("--max-function-body-mib", max_function_body_mib,
-                 "Largest function request body, MiB")
+                 "Largest request body of a call to /function/, MiB (it "
+                 "streams through to the function)")
+      ->capture_default_str();
+  size_t max_async_body_mib = o.max_async_body_bytes >> 20;
+  app.add_option("--max-async-body-mib", max_async_body_mib,
+                 "Largest request body of an async call, MiB (kept whole "
+                 "in the queue)")
       ->capture_default_str();
   app.add_option("--upstream-timeout", upstream_timeout_s,
                  "Seconds a function call may take")
@@ -136,6 +142,7 @@ int main(int argc, char** argv) {
   o.max_system_body_bytes = max_body_mib << 20;
   o.read_timeout = std::chrono::seconds(read_timeout_s);
   o.max_function_body_bytes = max_function_body_mib << 20;
+  o.max_async_body_bytes = max_async_body_mib << 20;
   o.upstream_timeout = std::chrono::seconds(upstream_timeout_s);
   o.node_timeout = std::chrono::milliseconds(node_timeout_ms);
   o.autoscale = !no_autoscale;

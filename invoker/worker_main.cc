@@ -29,6 +29,7 @@
 #include <deque>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -68,6 +69,9 @@ using v1::WorkerReply;
 
 constexpr int kChannel = 3;
 constexpr int kState = 4;  // the state connection to the invoker
+// Largest body a call's Content-Length reserves room for up front (the
+// gateway's default limit for a streamed body).
+constexpr uint64_t kMaxAssembledReserve = uint64_t{1} << 30;
 
 // The function's state service: requests go to the invoker on kState, one at
 // a time (the handler may call from several threads), except map reads that
@@ -1036,6 +1040,9 @@ __attribute__((no_stack_protector)) int Serve(const WorkerConfig& cfg) {
   }
   if (!WriteFrame(kChannel, ready).ok() || !s.ok()) return 1;
   CallThreads<Runtime> threads(rt);
+  // Calls whose body is still coming (WORKER_OP_BODY), by seq: a call runs
+  // once its body is whole.
+  std::map<uint64_t, WorkerCall> assembling;
   while (true) {
     WorkerCall call;
     absl::Status r = ReadFrame(kChannel, &call);
@@ -1045,6 +1052,23 @@ __attribute__((no_stack_protector)) int Serve(const WorkerConfig& cfg) {
       fflush(stdout);
       fflush(stderr);
       _exit(0);
+    }
+    if (call.op() == v1::WORKER_OP_BODY) {
+      auto it = assembling.find(call.seq());
+      if (it == assembling.end()) continue;  // of a call the invoker gave up
+      it->second.mutable_body()->append(call.body());
+      if (call.body_follows()) continue;
+      call = std::move(it->second);
+      assembling.erase(it);
+      call.set_body_follows(false);
+    } else if (call.body_follows()) {
+      // Room for the whole body at once when its size is known.
+      uint64_t size = 0;
+      if (absl::SimpleAtoi(HeaderValue(call, "Content-Length"), &size) &&
+          size <= kMaxAssembledReserve)
+        call.mutable_body()->reserve(size);
+      assembling[call.seq()] = std::move(call);
+      continue;
     }
     if (call.op() == v1::WORKER_OP_PARK || call.op() == v1::WORKER_OP_TEMPLATE)
       threads.Stop();  // no thread may be in the image or the template

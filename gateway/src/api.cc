@@ -167,10 +167,10 @@ Api::Api(store::Store* store, Metrics* metrics, BundleStore* bundles,
 
 size_t Api::BodyLimit(absl::string_view path) const {
   if (path == "/system/bundles") return options_.max_bundle_bytes;
-  if (absl::StartsWith(path, "/function/") ||
-      absl::StartsWith(path, "/async-function/")) {
+  if (absl::StartsWith(path, "/function/"))
     return options_.max_function_body_bytes;
-  }
+  if (absl::StartsWith(path, "/async-function/"))
+    return options_.max_async_body_bytes;
   return options_.max_system_body_bytes;
 }
 
@@ -917,6 +917,7 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
   if (!req.HasHeader("X-Forwarded-For"))
     call.headers.emplace_back("X-Forwarded-For", req.remote);
   call.body = req.body;
+  call.body_rest = req.body_rest;
   call.timeout = options_.upstream_timeout;
   call.take_parts = true;
   if (req.HasHeader("X-Silt-Cold-Start")) {
@@ -974,6 +975,8 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Invoke(
         res = HttpResponse::Text(504, r.status().message());
       } else if (absl::IsResourceExhausted(r.status())) {
         res = HttpResponse::Text(429, r.status().message());
+      } else if (absl::IsOutOfRange(r.status())) {  // a body over the limit
+        res = HttpResponse::Text(413, r.status().message());
       } else {
         res = HttpResponse::Text(
             502, absl::StrCat("function ", name, ": ", r.status().message()));

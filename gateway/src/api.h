@@ -30,7 +30,8 @@ struct ApiOptions {
   bool auth_enabled = true;
   Credentials credentials;
   size_t max_system_body_bytes = 10 << 20;
-  size_t max_function_body_bytes = 32 << 20;
+  size_t max_function_body_bytes = size_t{1} << 30;  // /function/ (streamed)
+  size_t max_async_body_bytes = 32 << 20;            // /async-function/
   size_t max_bundle_bytes = 256 << 20;
   // Longest a function call may take end to end (exec_timeout shortens it per
   // function).

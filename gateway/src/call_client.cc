@@ -92,9 +92,15 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
   // waits for the next part (frames are read only while one waits).
   bool streaming = false;
   BodyStream::Next pull;
+  // A request body that streams (kRequestHead): its parts go out as they
+  // come, then the reply is read.
+  std::shared_ptr<BodyStream> body_out;
+  bool body_started = false;  // a part was asked for: the call cannot repeat
+  std::string part_out;
 
   void Start() {
     timed_out = false;
+    body_started = false;
     have = 0;
     timer.expires_at(deadline);
     timer.async_wait([self = shared_from_this(), seq = ++seq](ErrorCode ec) {
@@ -122,6 +128,39 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
     asio::async_write(sock, bufs,
                       [self = shared_from_this()](ErrorCode ec, size_t) {
                         if (ec) return self->Broken(ec, false);
+                        if (self->body_out) return self->SendBody();
+                        self->Read();
+                      });
+  }
+
+  // The next part of the request body, once it comes from the client.
+  void SendBody() {
+    body_started = true;
+    body_out->Pull([self = shared_from_this(),
+                    call = seq](absl::StatusOr<BodyStream::Part> part) mutable {
+      asio::post(self->strand, [self, call, part = std::move(part)]() mutable {
+        self->OnBodyPart(call, std::move(part));
+      });
+    });
+  }
+
+  void OnBodyPart(uint64_t call, absl::StatusOr<BodyStream::Part> part) {
+    if (call != seq || !done || !body_out) return;  // the call is over
+    // The client's body broke off (or is over the limit): so does the call.
+    if (!part.ok()) return Fail(part.status());
+    const bool last = part->last;
+    part_out.clear();
+    if (last) {
+      cw::AppendBodyEnd(&part_out, part->bytes);
+    } else {
+      cw::AppendBodyPart(&part_out, part->bytes);
+    }
+    asio::async_write(sock, asio::buffer(part_out),
+                      [self = shared_from_this(), last](ErrorCode ec, size_t) {
+                        if (ec) return self->Broken(ec, false);
+                        if (!last) return self->SendBody();
+                        self->body_out.reset();
+                        std::string().swap(self->part_out);
                         self->Read();
                       });
   }
@@ -231,19 +270,26 @@ struct CallClient::Conn : std::enable_shared_from_this<Conn> {
       return Fail(absl::UnavailableError("the gateway is shutting down"));
     ErrorCode ignored;
     sock.close(ignored);
-    if (reused && have == 0 && !connecting && !streaming) {
+    if (reused && have == 0 && !connecting && !streaming && !body_started) {
       // Closed by the node while it sat idle here (say, the invoker
       // restarted): the call goes once more, on a new connection.
       reused = false;
       timer.cancel();
       return Start();
     }
-    Fail(absl::UnavailableError(
+    std::string why =
         absl::StrCat(connecting ? "cannot reach node " : "lost node ",
-                     pool->address, ": ", ec.message())));
+                     pool->address, ": ", ec.message());
+    // Once its body began to go out, a call cannot go elsewhere.
+    Fail(body_started ? absl::AbortedError(why) : absl::UnavailableError(why));
   }
 
   void Fail(absl::Status s) {
+    if (body_out) {
+      // A body not yet pulled stays whole for a try elsewhere.
+      if (body_started) body_out->Cancel();
+      body_out.reset();
+    }
     timer.cancel();
     ErrorCode ignored;
     sock.close(ignored);
@@ -323,8 +369,8 @@ CallClient::~CallClient() {
 const std::string& CallClient::address() const { return pools_[0]->address; }
 
 void CallClient::Call(std::shared_ptr<const std::string> request_frame,
-                      std::chrono::steady_clock::time_point deadline,
-                      Done done) {
+                      std::chrono::steady_clock::time_point deadline, Done done,
+                      std::shared_ptr<BodyStream> body) {
   Pool& pool = PoolHere();
   std::shared_ptr<Conn> c;
   {
@@ -342,8 +388,9 @@ void CallClient::Call(std::shared_ptr<const std::string> request_frame,
   }
   if (!c)
     return done(absl::UnavailableError("the gateway is shutting down"),
-                nullptr);
+                nullptr);  // (a body not pulled yet goes with the call)
   c->out = std::move(request_frame);
+  c->body_out = std::move(body);
   c->done = std::move(done);
   c->deadline = deadline;
   // Inline when this thread runs the io_context (and the strand is free).

@@ -52,8 +52,14 @@ class CallClient {
   // closed is replaced once, silently); DeadlineExceeded when no reply came
   // by `deadline` (the connection is closed). The deadline covers a streamed
   // body too: past it the body breaks off.
+  //
+  // `body`: the rest of the request's body when `request_frame` is a
+  // kRequestHead; its parts are pulled and sent before the reply is read. A
+  // body that fails fails the call with its status; a connection lost once
+  // a part was asked for fails it with Aborted (it cannot be sent again).
   void Call(std::shared_ptr<const std::string> request_frame,
-            std::chrono::steady_clock::time_point deadline, Done done);
+            std::chrono::steady_clock::time_point deadline, Done done,
+            std::shared_ptr<BodyStream> body = nullptr);
 
   // Closes the idle connections and fails the calls in flight with
   // Unavailable (their `done` runs on an io_context thread if it still runs).

@@ -202,6 +202,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   api_options.auth_enabled = options.auth;
   api_options.max_system_body_bytes = options.max_system_body_bytes;
   api_options.max_function_body_bytes = options.max_function_body_bytes;
+  api_options.max_async_body_bytes = options.max_async_body_bytes;
   if (options.auth) {
     auto creds = LoadOrCreateCredentials(options.data_dir + "/secrets");
     if (!creds.ok()) return creds.status();
@@ -252,6 +253,9 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   HttpServerOptions http;
   http.body_limit = [api](absl::string_view path) {
     return api->BodyLimit(path);
+  };
+  http.streams = [](absl::string_view path) {
+    return absl::StartsWith(path, "/function/");
   };
   http.header_timeout = options.read_timeout;
   http.body_timeout = options.read_timeout;

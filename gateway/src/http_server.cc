@@ -58,6 +58,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   void ReadHeader() {
+    upload_parser_.reset();
+    upload_ = false;
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(options_.header_limit));
     parser_->body_limit(std::numeric_limits<uint64_t>::max());
@@ -80,6 +82,11 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendAndClose(TooLarge());
     }
     parser_->body_limit(body_limit_);
+    // A large or chunked body on a streaming route goes to the handler in
+    // parts, as it arrives.
+    upload_ = options_.streams && options_.streams(path) &&
+              (parser_->chunked() ||
+               parser_->content_length().value_or(0) > options_.stream_over);
     if (beast::iequals(req[http::field::expect], "100-continue")) {
       auto cont = std::make_shared<http::response<http::empty_body>>(
           http::status::continue_, req.version());
@@ -95,7 +102,78 @@ class Session : public std::enable_shared_from_this<Session> {
     ReadBody();
   }
 
+  // ---- a request body in parts (HttpRequest::body_rest) ----
+
+  // The rest of the current request's body, read as the handler pulls it.
+  // Its Pull and Cancel hop onto the connection's strand.
+  struct Upload final : BodyStream {
+    explicit Upload(std::shared_ptr<Session> s) : session(std::move(s)) {}
+    void Pull(Next next) override {
+      asio::post(session->stream_.get_executor(),
+                 [s = session, next = std::move(next)]() mutable {
+                   s->ReadPart(std::move(next));
+                 });
+    }
+    void Cancel() override {
+      asio::post(session->stream_.get_executor(), [s = session] {
+        if (!s->upload_done_) s->upload_abandoned_ = true;
+      });
+    }
+    const std::shared_ptr<Session> session;
+  };
+
+  void StartUpload() {
+    upload_parser_.emplace(std::move(*parser_));
+    upload_parser_->body_limit(body_limit_);
+    upload_done_ = upload_abandoned_ = false;
+    HttpRequest req = RequestOf(upload_parser_->get());
+    req.body_rest = std::make_shared<Upload>(shared_from_this());
+    Deliver(std::move(req));
+  }
+
+  void ReadPart(BodyStream::Next next) {
+    if (upload_done_ || upload_abandoned_ || !upload_parser_)
+      return next(absl::FailedPreconditionError("the request body is over"));
+    part_in_.resize(kUploadPart);
+    auto& body = upload_parser_->get().body();
+    body.data = part_in_.data();
+    body.size = part_in_.size();
+    body.more = true;
+    upload_reading_ = true;
+    stream_.expires_after(options_.body_timeout);
+    http::async_read_some(stream_, buffer_, *upload_parser_,
+                          [self = shared_from_this(), next = std::move(next)](
+                              beast::error_code ec, size_t) mutable {
+                            self->OnPart(ec, std::move(next));
+                          });
+  }
+
+  void OnPart(beast::error_code ec, BodyStream::Next next) {
+    upload_reading_ = false;
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) {
+      upload_abandoned_ = true;
+      if (ec == http::error::body_limit)
+        return next(absl::OutOfRangeError(
+            absl::StrCat("request body too large: the limit for this route is ",
+                         body_limit_, " bytes")));
+      return next(absl::CancelledError(
+          absl::StrCat("the request body broke off: ", ec.message())));
+    }
+    size_t got = part_in_.size() - upload_parser_->get().body().size;
+    bool last = upload_parser_->is_done();
+    if (got == 0 && !last) return ReadPart(std::move(next));
+    if (last) upload_done_ = true;
+    stream_.expires_never();
+    next(BodyStream::Part{std::string(part_in_.data(), got), last});
+  }
+
+  // Whether the connection can read the next request once this one is
+  // answered (its body is read to the end).
+  bool BodyConsumed() const { return !upload_ || upload_done_; }
+
   void ReadBody() {
+    if (upload_) return StartUpload();
     stream_.expires_after(options_.body_timeout);
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -107,7 +185,15 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == http::error::body_limit) return SendAndClose(TooLarge());
     if (ec) return FailRead(ec);
     stream_.expires_never();
-    auto& msg = parser_->get();
+    HttpRequest req = RequestOf(parser_->get());
+    req.body = std::move(parser_->get().body());
+    parser_.reset();
+    Deliver(std::move(req));
+  }
+
+  // The request's head, as the handler gets it; notes what the answer needs.
+  template <typename Message>
+  HttpRequest RequestOf(const Message& msg) {
     HttpRequest req;
     req.method = std::string(msg.method_string());
     req.target = std::string(msg.target());
@@ -118,14 +204,15 @@ class Session : public std::enable_shared_from_this<Session> {
       req.headers.emplace_back(std::string(f.name_string()),
                                std::string(f.value()));
     }
-    req.body = std::move(msg.body());
     req.remote = remote_;
     req.version = msg.version();
     keep_alive_ = msg.keep_alive();
     version_ = msg.version();
     head_ = msg.method() == http::verb::head;
-    parser_.reset();
+    return req;
+  }
 
+  void Deliver(HttpRequest req) {
     // The handler may answer from any thread: hop back onto this connection's
     // strand. It answers once; an exception it lets out is answered with 500
     // here (the last line of defence: never an abort of the daemon).
@@ -180,6 +267,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Write(HttpResponse res, bool keep_alive) {
+    // An answer before the body was read to its end (an error, or a function
+    // that ignored it) ends the connection after it.
+    if (!BodyConsumed()) keep_alive = false;
     if (res.stream) return Stream(std::move(res));
     if (res.parts) return WriteHead(std::move(res), keep_alive);
     auto msg = std::make_shared<http::response<http::string_body>>();
@@ -263,7 +353,8 @@ class Session : public std::enable_shared_from_this<Session> {
             self->parts_->Cancel();
             return self->EndParts(false);
           }
-          self->WatchClient();
+          // (The client's connection is watched once its body is in.)
+          if (self->BodyConsumed()) self->WatchClient();
           self->WritePart(/*last=*/false);
         });
   }
@@ -351,6 +442,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // of a body we refused) until it closes or a deadline passes, so that the
   // client gets to read our answer instead of a connection reset.
   void LingeringClose() {
+    if (upload_reading_) return Close();  // the read pending is the body's
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     if (ec) return Close();
@@ -377,6 +469,14 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  // The current request's body in parts (StartUpload), read into part_in_.
+  static constexpr size_t kUploadPart = 256 << 10;
+  std::optional<http::request_parser<http::buffer_body>> upload_parser_;
+  std::string part_in_;
+  bool upload_ = false;            // the current request's body streams
+  bool upload_done_ = false;       // ... and was read to its end
+  bool upload_abandoned_ = false;  // ... or broke off, or is not wanted
+  bool upload_reading_ = false;    // a read of it is pending
   std::shared_ptr<const Shared> shared_;
   const HttpServerOptions& options_;
   const Handler& handler_;

@@ -23,6 +23,10 @@ struct HttpServerOptions {
   // Largest request body accepted for a request path; larger → 413, connection
   // closed.
   std::function<size_t(absl::string_view path)> body_limit;
+  // Routes whose request bodies over `stream_over` bytes (or chunked ones)
+  // reach the handler in parts (HttpRequest::body_rest), as they arrive.
+  std::function<bool(absl::string_view path)> streams;
+  size_t stream_over = 1 << 20;
   size_t header_limit = 64 * 1024;
   // Time allowed to receive a request's headers (also the keep-alive idle
   // timeout), to receive its body, and to send a response.

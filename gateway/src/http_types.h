@@ -16,6 +16,8 @@ namespace silt::gateway {
 
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
+class BodyStream;
+
 struct HttpRequest {
   std::string method;  // upper case, as sent
   std::string target;  // path + '?' + query, as sent
@@ -23,6 +25,10 @@ struct HttpRequest {
   std::string query;   // raw query after '?', without it
   HeaderList headers;
   std::string body;
+  // When set, `body` is empty and the body comes from here as it arrives
+  // (HttpServerOptions::streams); parts are Pulled one at a time, and a
+  // body not read to its end closes the connection after the answer.
+  std::shared_ptr<BodyStream> body_rest;
   std::string remote;  // peer "ip:port"
   unsigned version = 11;
 

@@ -41,6 +41,10 @@ struct InvokeCall {
   std::string query;
   HeaderList headers;
   std::string body;
+  // The body's rest, when it streams (HttpRequest::body_rest): sent to the
+  // node as it arrives. Such a call is not tried on another node once its
+  // body began to go out.
+  std::shared_ptr<BodyStream> body_rest;
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   // X-Silt-Cold-Start: a new instance started this way serves the call.
   invoker::call_wire::ColdStart cold_start =

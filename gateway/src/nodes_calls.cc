@@ -49,6 +49,13 @@ void NodeRegistry::Impl::Invoke(
   r.body = std::move(call->call.body);
   r.timeout_ms = static_cast<uint32_t>(call->call.timeout.count());
   r.cold_start = call->call.cold_start;
+  if (call->call.body_rest) {
+    // Its body goes out as it comes and cannot be sent again: the node gets
+    // the spec with it rather than asking for it.
+    r.head = true;
+    r.spec = call->fn->spec.SerializeAsString();
+    call->with_spec = true;
+  }
   auto frame = std::make_shared<std::string>();
   cw::AppendRequest(frame.get(), r);
   call->frame = std::move(frame);
@@ -77,11 +84,13 @@ void NodeRegistry::Impl::Dispatch(std::shared_ptr<Call> call) {
 
 void NodeRegistry::Impl::Send(std::shared_ptr<Call> call) {
   auto deadline = Clock::now() + call->call.timeout + std::chrono::seconds(2);
-  call->node->calls->Call(call->frame, deadline,
-                          [this, call](absl::StatusOr<cw::Reply> r,
-                                       std::shared_ptr<BodyStream> rest) {
-                            OnDone(call, r, std::move(rest));
-                          });
+  call->node->calls->Call(
+      call->frame, deadline,
+      [this, call](absl::StatusOr<cw::Reply> r,
+                   std::shared_ptr<BodyStream> rest) {
+        OnDone(call, r, std::move(rest));
+      },
+      call->call.body_rest);
 }
 
 void NodeRegistry::Impl::SendWithSpec(std::shared_ptr<Call> call) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -69,6 +70,28 @@ bool ReplyStream::Part(std::string_view bytes) {
   return !broken_;
 }
 
+absl::Status RequestBody::Next(std::string_view* bytes, bool* last) {
+  if (done_) return absl::FailedPreconditionError("the body is over");
+  absl::Status s = reader_.Next(&frame_);
+  if (s.ok() && !call_wire::ParseRequestPart(frame_, bytes, last))
+    s = absl::UnavailableError("the gateway sent no part of a body");
+  if (!s.ok()) {
+    done_ = true;
+    return absl::UnavailableError(
+        absl::StrCat("the request body broke off: ", s.message()));
+  }
+  done_ = *last;
+  return absl::OkStatus();
+}
+
+absl::Status RequestBody::Drain() {
+  std::string_view part;
+  bool last = false;
+  while (!done_)
+    if (absl::Status s = Next(&part, &last); !s.ok()) return s;
+  return absl::OkStatus();
+}
+
 CallPort::CallPort(const DataKey& key, Handler handler)
     : key_(key), handler_(std::move(handler)) {}
 
@@ -98,8 +121,10 @@ void CallPort::ServeGateway(int fd) {
     if (frame.capacity() > (1 << 20)) std::string().swap(frame);
     call_wire::Reply reply;
     ReplyStream stream(fd);
+    std::optional<RequestBody> body;
+    if (req.head) body.emplace(reader);
     try {
-      handler_(req, &reply, stream);
+      handler_(req, body ? &*body : nullptr, &reply, stream);
     } catch (const std::exception& e) {
       fprintf(stderr, "silt-invoker: call to %s/%s: %s\n", req.ns.c_str(),
               req.name.c_str(), e.what());
@@ -109,6 +134,8 @@ void CallPort::ServeGateway(int fd) {
       reply.error = "internal error";
     }
     if (stream.broken()) return;
+    // The gateway reads the answer once it has sent the whole body.
+    if (body && !body->Drain().ok()) return;
     reply.head = false;
     out.clear();
     call_wire::AppendReply(&out, reply);

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "conn_server.h"
+#include "frames.h"
 #include "invoker/call_wire.h"
 #include "peer_wire.h"
 
@@ -38,6 +39,26 @@ class ReplyStream {
   std::string out_;
 };
 
+// The rest of a streamed request body (call_wire.h kRequestHead), read from
+// the call's connection as the call consumes it. Used by the connection's
+// own thread only.
+class RequestBody {
+ public:
+  explicit RequestBody(FrameReader& reader) : reader_(reader) {}
+  // The next part (valid until the next call); *last once it is the final
+  // one. Unavailable when the connection broke off or sent something else
+  // (the body is then over too).
+  absl::Status Next(std::string_view* bytes, bool* last);
+  bool done() const { return done_; }
+  // Reads and drops what is left (a call that did not run).
+  absl::Status Drain();
+
+ private:
+  FrameReader& reader_;
+  std::string frame_;
+  bool done_ = false;
+};
+
 // Waits until `channel` has something to read. Cancelled as soon as `watch`
 // has anything (a connection that must stay quiet meanwhile: it closed, or
 // broke its protocol), DeadlineExceeded after `timeout`.
@@ -47,9 +68,11 @@ absl::Status AwaitFrame(int channel, int watch,
 class CallPort {
  public:
   // Runs one call to its end and fills in its reply (or its end, after a
-  // streamed head).
-  using Handler = std::function<void(
-      call_wire::Request& req, call_wire::Reply* reply, ReplyStream& stream)>;
+  // streamed head). `body`: the rest of a streamed request body (null when
+  // `req` holds it whole); what the handler leaves of it is drained.
+  using Handler =
+      std::function<void(call_wire::Request& req, RequestBody* body,
+                         call_wire::Reply* reply, ReplyStream& stream)>;
 
   // Binds `listen` (IPv4 host:port; 0 picks a port) and starts accepting.
   // Connections must open with `key` (they are closed until it is set).

@@ -97,7 +97,7 @@ void AppendHello(std::string* out, std::string_view key) {
 }
 
 void AppendRequest(std::string* out, const Request& r) {
-  size_t at = Begin(out, Op::kRequest);
+  size_t at = Begin(out, r.head ? Op::kRequestHead : Op::kRequest);
   out->reserve(out->size() + 128 + r.body.size() + r.spec.size());
   wire::Writer w(out);
   w.Str(r.ns);
@@ -140,9 +140,26 @@ void AppendBodyPart(std::string* out, std::string_view bytes) {
   Finish(out, at);
 }
 
+void AppendBodyEnd(std::string* out, std::string_view bytes) {
+  size_t at = Begin(out, Op::kBodyEnd);
+  out->append(bytes.data(), bytes.size());
+  Finish(out, at);
+}
+
 bool ParseBodyPart(std::string_view payload, std::string_view* bytes) {
   if (OpOf(payload) != static_cast<uint8_t>(Op::kBodyPart)) return false;
   *bytes = payload.substr(1);
+  return true;
+}
+
+bool ParseRequestPart(std::string_view payload, std::string_view* bytes,
+                      bool* last) {
+  uint8_t op = OpOf(payload);
+  if (op != static_cast<uint8_t>(Op::kBodyPart) &&
+      op != static_cast<uint8_t>(Op::kBodyEnd))
+    return false;
+  *bytes = payload.substr(1);
+  *last = op == static_cast<uint8_t>(Op::kBodyEnd);
   return true;
 }
 
@@ -153,14 +170,17 @@ bool ParseHello(std::string_view payload, std::string_view* key) {
 
 bool ParseRequest(std::string_view payload, Request* out) {
   wire::Reader r(payload);
-  uint8_t cold;
-  if (!Expect(r, Op::kRequest) || !ReadStr(r, &out->ns) ||
-      !ReadStr(r, &out->name) || !r.U64(&out->generation) ||
-      !ReadStr(r, &out->call_id) || !ReadStr(r, &out->method) ||
-      !ReadStr(r, &out->path) || !ReadStr(r, &out->query) ||
-      !ReadHeaders(r, &out->headers) || !ReadStr(r, &out->body) ||
-      !r.U32(&out->timeout_ms) || !r.U8(&cold) || !ReadStr(r, &out->spec) ||
-      !r.done())
+  uint8_t op, cold;
+  if (!r.U8(&op) || (op != static_cast<uint8_t>(Op::kRequest) &&
+                     op != static_cast<uint8_t>(Op::kRequestHead)))
+    return false;
+  out->head = op == static_cast<uint8_t>(Op::kRequestHead);
+  if (!ReadStr(r, &out->ns) || !ReadStr(r, &out->name) ||
+      !r.U64(&out->generation) || !ReadStr(r, &out->call_id) ||
+      !ReadStr(r, &out->method) || !ReadStr(r, &out->path) ||
+      !ReadStr(r, &out->query) || !ReadHeaders(r, &out->headers) ||
+      !ReadStr(r, &out->body) || !r.U32(&out->timeout_ms) || !r.U8(&cold) ||
+      !ReadStr(r, &out->spec) || !r.done())
     return false;
   if (cold > static_cast<uint8_t>(ColdStart::kCriu)) return false;
   out->cold_start = static_cast<ColdStart>(cold);

@@ -233,8 +233,8 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     auto port = CallPort::Listen(
         options.listen.substr(0, options.listen.rfind(':')) + ":0",
         impl->proclet_host->data_key(),
-        [p](call_wire::Request& req, call_wire::Reply* reply,
-            ReplyStream& stream) { p->Call(req, reply, stream); });
+        [p](call_wire::Request& req, RequestBody* body, call_wire::Reply* reply,
+            ReplyStream& stream) { p->Call(req, body, reply, stream); });
     if (!port.ok()) return port.status();
     impl->call_port = *std::move(port);
   }

@@ -153,12 +153,34 @@ std::chrono::milliseconds Invoker::Impl::Timeout(const FunctionSpec& spec,
   return t;
 }
 
-absl::Status Invoker::Impl::CallInstance(Pool& pool, Instance& inst,
-                                         v1::WorkerCall& call,
-                                         Clock::time_point deadline,
-                                         const char* role,
-                                         v1::WorkerReply* reply, Death* why,
-                                         const Parts& parts, int watch) {
+namespace {
+
+// Sends the rest of a call's body to its instance as it arrives, one
+// WORKER_OP_BODY frame per part. A body that breaks off ends the call as
+// one whose caller went away.
+template <typename Send>
+absl::Status SendBody(RequestBody& body, uint64_t seq, const Send& send) {
+  v1::WorkerCall part;
+  part.set_op(v1::WORKER_OP_BODY);
+  part.set_seq(seq);
+  bool last = false;
+  while (!last) {
+    std::string_view bytes;
+    if (absl::Status s = body.Next(&bytes, &last); !s.ok())
+      return absl::CancelledError(s.message());
+    part.set_body(bytes.data(), bytes.size());
+    part.set_body_follows(!last);
+    if (absl::Status s = send(part); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Invoker::Impl::CallInstance(
+    Pool& pool, Instance& inst, v1::WorkerCall& call,
+    Clock::time_point deadline, const char* role, v1::WorkerReply* reply,
+    Death* why, const Parts& parts, int watch, RequestBody* body) {
   // A cold start may have used up the call's time: the call still goes
   // out, with 1 ms, and the read waits 100 ms more at most (ReadFrame
   // waits forever on a negative timeout: the call would run to its end).
@@ -180,8 +202,13 @@ absl::Status Invoker::Impl::CallInstance(Pool& pool, Instance& inst,
     if (caller >= 0) s = AwaitFrame(inst.channel, caller, wait);
     return s.ok() ? ReadFrame(inst.channel, reply, wait) : s;
   };
-  absl::Status s =
-      inst.mux ? inst.mux->Send(seq, call) : WriteFrame(inst.channel, call);
+  auto send = [&](v1::WorkerCall& frame) {
+    return inst.mux ? inst.mux->Send(seq, frame)
+                    : WriteFrame(inst.channel, frame);
+  };
+  call.set_body_follows(body != nullptr && !body->done());
+  absl::Status s = send(call);
+  if (s.ok() && call.body_follows()) s = SendBody(*body, seq, send);
   for (bool streaming = false; s.ok(); streaming = true) {
     s = next_frame(streaming);
     if (!s.ok() || !reply->more()) break;
@@ -225,8 +252,8 @@ absl::Status Invoker::Impl::CallInstance(Pool& pool, Instance& inst,
   return s;
 }
 
-void Invoker::Impl::Call(call_wire::Request& req, call_wire::Reply* res,
-                         ReplyStream& stream) {
+void Invoker::Impl::Call(call_wire::Request& req, RequestBody* body,
+                         call_wire::Reply* res, ReplyStream& stream) {
   using call_wire::Outcome;
   auto fail = [res](const absl::Status& s) {
     res->outcome = Outcome::kError;
@@ -301,7 +328,7 @@ void Invoker::Impl::Call(call_wire::Request& req, call_wire::Reply* res,
     return stream.Head(head);
   };
   absl::Status s = CallInstance(*pool, *inst, call, deadline, "", &reply, &why,
-                                parts, stream.fd());
+                                parts, stream.fd(), body);
   if (!s.ok()) Release(*pool, std::move(inst), /*keep=*/false);
   if (s.ok() && stream.started() && !reply.error().empty()) {
     // The handler failed after its head was out: the body breaks off.

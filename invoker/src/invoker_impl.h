@@ -646,16 +646,20 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // instance died (it is killed; one taking several calls at once is not
   // killed for a timeout or a caller that left: its other calls run on).
   // While a reply streams, `watch` (the caller's connection, which carries
-  // nothing else meanwhile) closing ends the call too.
+  // nothing else meanwhile) closing ends the call too. `body`: the rest of
+  // the call's body, sent after `call` part by part as it arrives (a body
+  // that breaks off ends the call as Cancelled).
   absl::Status CallInstance(Pool& pool, Instance& inst, v1::WorkerCall& call,
                             Clock::time_point deadline, const char* role,
                             v1::WorkerReply* reply, Death* why,
-                            const Parts& parts = {}, int watch = -1);
+                            const Parts& parts = {}, int watch = -1,
+                            RequestBody* body = nullptr);
 
   // A call from the gateway (CallPort): runs it in an instance of the
-  // function, taking an idle one or starting one. A streamed response goes
-  // out on `stream` as the function writes it; *res then ends it.
-  void Call(call_wire::Request& req, call_wire::Reply* res,
+  // function, taking an idle one or starting one. `body`: the rest of a
+  // streamed request body. A streamed response goes out on `stream` as the
+  // function writes it; *res then ends it.
+  void Call(call_wire::Request& req, RequestBody* body, call_wire::Reply* res,
             ReplyStream& stream);
 
   // A compute proclet's share of a job (executor.h), in an instance of the

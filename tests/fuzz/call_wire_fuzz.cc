@@ -40,6 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint32_t len;
     memcpy(&len, again.data(), 4);
     Check(len == again.size() - 4);
+    Check(req.head == (in[0] == static_cast<char>(cw::Op::kRequestHead)));
   }
   cw::Reply reply;
   if (cw::ParseReply(in, &reply)) {  // a whole reply or a streamed one's head
@@ -52,6 +53,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (cw::ParseBodyPart(in, &part)) {
     std::string again;
     cw::AppendBodyPart(&again, part);
+    Check(Payload(again) == in);
+  }
+  bool last = false;
+  if (cw::ParseRequestPart(in, &part, &last)) {  // a request body's part or end
+    std::string again;
+    if (last) {
+      cw::AppendBodyEnd(&again, part);
+    } else {
+      cw::AppendBodyPart(&again, part);
+    }
     Check(Payload(again) == in);
   }
   return 0;

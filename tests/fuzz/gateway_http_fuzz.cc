@@ -94,6 +94,7 @@ Target* Start() {
   options.credentials = {.user = "admin", .password = "fuzz-password"};
   options.max_system_body_bytes = 1 << 20;
   options.max_function_body_bytes = 1 << 20;
+  options.max_async_body_bytes = 1 << 20;
   options.max_bundle_bytes = 1 << 20;
   // Bounds a followed log stream and a call (no node answers).
   options.upstream_timeout = std::chrono::milliseconds(100);

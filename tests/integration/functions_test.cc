@@ -116,6 +116,53 @@ class StreamReader {
   size_t last_chunk_ = 0;
 };
 
+// POSTs `bytes` bytes (byte i is `byte(i)`) to `path` over a plain socket,
+// made as they are sent, in parts of 1 MiB: chunked, or with their
+// Content-Length. Returns the whole response (head and body; the request
+// says Connection: close), or what came before an error.
+std::string Upload(const std::string& url, const std::string& path,
+                   uint64_t bytes, bool chunked, char (*byte)(uint64_t)) {
+  std::string hostport = url.substr(url.find("//") + 2);
+  size_t colon = hostport.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(std::stoi(hostport.substr(colon + 1)));
+  inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &addr.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{60, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  auto send_all = [fd](const std::string& s) {
+    return send(fd, s.data(), s.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(s.size());
+  };
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      send_all(absl::StrCat(
+          "POST ", path, " HTTP/1.1\r\nHost: ", hostport,
+          "\r\nConnection: close\r\n",
+          chunked ? "Transfer-Encoding: chunked\r\n"
+                  : absl::StrCat("Content-Length: ", bytes, "\r\n"),
+          "\r\n"))) {
+    std::string part;
+    bool sent = true;
+    for (uint64_t at = 0; sent && at < bytes; at += part.size()) {
+      part.resize(std::min<uint64_t>(1 << 20, bytes - at));
+      for (size_t j = 0; j < part.size(); ++j) part[j] = byte(at + j);
+      sent = chunked ? send_all(absl::StrCat(absl::Hex(part.size()), "\r\n",
+                                             part, "\r\n"))
+                     : send_all(part);
+    }
+    if (sent && chunked) send_all("0\r\n\r\n");
+    char buf[64 << 10];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof(buf), 0)) > 0)
+      out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
 // What /proc/PID/status says of a process's memory, in KiB ("VmHWM").
 uint64_t ProcStatusKiB(pid_t pid, const std::string& field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -146,8 +193,9 @@ class FunctionsTest : public ::testing::Test {
     if (geteuid() != 0)
       GTEST_SKIP() << "instances run in namespaces and cgroups: run as root";
     dir_ = MakeTempDir("silt-fn");
-    auto gw =
-        GatewayProcess::Start(dir_ + "/gateway", {"--node-timeout-ms", "1000"});
+    auto gw = GatewayProcess::Start(
+        dir_ + "/gateway",
+        {"--node-timeout-ms", "1000", "--max-function-body-mib", "128"});
     ASSERT_TRUE(gw.ok()) << gw.status();
     gw_ = std::make_unique<GatewayProcess>(*std::move(gw));
     auto r = Silt({"login", "--password-stdin"}, gw_->password());
@@ -300,14 +348,12 @@ TEST_F(FunctionsTest, NativeFunctionThroughTheGateway) {
   EXPECT_EQ(r.status, 302);
   EXPECT_EQ(r.Header("Location"), "/elsewhere");
 
-  // Large bodies go through whole; over the limit is 413.
+  // Large bodies go through (streamed) and come back whole.
   std::string big(8 << 20, 'z');
   big[12345] = 'q';
   r = Invoke("POST", "/function/probe", big);
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.body, big);
-  r = Invoke("POST", "/function/probe", std::string(33 << 20, 'x'));
-  EXPECT_EQ(r.status, 413);
 
   EXPECT_GE(Available("probe"), 1u);
 }
@@ -732,6 +778,58 @@ TEST_F(FunctionsTest, LargeStreamedBodyPassesWithBoundedMemory) {
   (void)gw_growth;
   (void)inv_growth;
 #endif
+}
+
+// A request body far larger than any buffer streams through both daemons
+// to the function (which holds it whole, as its handler takes it), with a
+// Content-Length and chunked: their peak RSS stays flat.
+TEST_F(FunctionsTest, LargeUploadPassesWithBoundedMemory) {
+  Deploy({{"service", "probe"}, {"limits", {{"memory", "1Gi"}}}});
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  pid_t gateway = gw_->process().pid();
+  pid_t invoker = invokers_["node-a"]->pid();
+  uint64_t gw_before = ProcStatusKiB(gateway, "VmHWM");
+  uint64_t inv_before = ProcStatusKiB(invoker, "VmHWM");
+  constexpr uint64_t kBytes = uint64_t{100} << 20;
+  for (bool chunked : {false, true}) {
+    std::string r = Upload(gw_->url(), "/function/probe/count", kBytes, chunked,
+                           StreamByte);
+    EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200")) << r.substr(0, 300);
+    EXPECT_TRUE(absl::EndsWith(r, absl::StrCat("size=", kBytes, " wrong=0")))
+        << (chunked ? "chunked: " : "sized: ") << r.substr(0, 600);
+  }
+  uint64_t gw_growth = ProcStatusKiB(gateway, "VmHWM") - gw_before;
+  uint64_t inv_growth = ProcStatusKiB(invoker, "VmHWM") - inv_before;
+  printf("uploaded 2 x 100 MiB: gateway peak RSS +%lu KiB, invoker +%lu KiB\n",
+         static_cast<unsigned long>(gw_growth),
+         static_cast<unsigned long>(inv_growth));
+#if !defined(__SANITIZE_ADDRESS__)
+  EXPECT_LT(gw_growth, 32u << 10);
+  EXPECT_LT(inv_growth, 32u << 10);
+#else
+  (void)gw_growth;  // ASan's quarantine: see LargeStreamedBody... above
+  (void)inv_growth;
+#endif
+  // A small body still comes whole, on the same path.
+  auto small = Invoke("POST", "/function/probe/count", std::string(1000, 'x'));
+  EXPECT_EQ(small.status, 200);
+  EXPECT_TRUE(absl::StartsWith(small.body, "size=1000 ")) << small.body;
+}
+
+// A streamed body over the route's limit (--max-function-body-mib, 128 in
+// this suite) is 413: sized, at its head; chunked, once it passes the limit
+// (the call is then abandoned). The function goes on answering.
+TEST_F(FunctionsTest, AStreamedBodyOverTheLimitIs413) {
+  Deploy({{"service", "probe"}, {"limits", {{"memory", "1Gi"}}}});
+  constexpr uint64_t kOver = uint64_t{129} << 20;
+  for (bool chunked : {false, true}) {
+    std::string r =
+        Upload(gw_->url(), "/function/probe/count", kOver, chunked, StreamByte);
+    EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 413")) << r.substr(0, 300);
+    EXPECT_TRUE(absl::StrContains(r, "too large")) << r.substr(0, 600);
+  }
+  auto r = Invoke("POST", "/function/probe/count", "abc");
+  EXPECT_EQ(r.status, 200) << r.body;
 }
 
 // A caller that leaves mid-stream ends the call: the gateway notices its

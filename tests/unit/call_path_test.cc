@@ -1,6 +1,7 @@
 // The gateway -> invoker call path in one process: the invoker's CallPort
 // serving a handler, the gateway's CallClient on an io_context, over real TCP
 // on loopback.
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
@@ -10,7 +11,9 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "call_client.h"
 #include "call_port.h"
 #include "gtest/gtest.h"
@@ -81,14 +84,83 @@ TEST(CallWire, StreamedReplyFrames) {
   EXPECT_FALSE(cw::ParseReply(std::string_view(g).substr(4), &back));
 }
 
+// A running checksum over bytes.
+uint64_t Sum(std::string_view bytes, uint64_t sum) {
+  for (unsigned char c : bytes) sum = sum * 131 + c;
+  return sum;
+}
+
+// A request body of `parts` parts of `size` bytes each (byte i of the body
+// is i * 7 mod 251), made as they are pulled, on a thread of their own (as a
+// client's connection would answer); with `fail_at`, that part fails
+// instead.
+class MadeBody : public gateway::BodyStream {
+ public:
+  MadeBody(int parts, size_t size, int fail_at = -1)
+      : parts_(parts), size_(size), fail_at_(fail_at) {}
+  ~MadeBody() override {
+    for (auto& t : threads_) t.join();
+  }
+  void Pull(Next next) override {
+    int i = pulled_++;
+    std::string bytes(size_, '\0');
+    for (size_t k = 0; k < size_; ++k)
+      bytes[k] = static_cast<char>(((i * size_ + k) * 7) % 251);
+    std::lock_guard<std::mutex> l(mu_);
+    threads_.emplace_back([=, this, bytes = std::move(bytes)]() mutable {
+      if (i == fail_at_)
+        return next(absl::CancelledError("the client went away"));
+      next(Part{std::move(bytes), i + 1 == parts_});
+    });
+  }
+  void Cancel() override { cancelled_ = true; }
+  // What the whole body sums to (Sum over every part in order).
+  uint64_t Expected() const {
+    uint64_t sum = 0;
+    for (size_t k = 0; k < parts_ * size_; ++k) {
+      unsigned char c = static_cast<unsigned char>((k * 7) % 251);
+      sum = sum * 131 + c;
+    }
+    return sum;
+  }
+  int pulled() const { return pulled_; }
+  bool cancelled() const { return cancelled_; }
+
+ private:
+  const int parts_;
+  const size_t size_;
+  const int fail_at_;
+  std::atomic<int> pulled_{0};
+  std::atomic<bool> cancelled_{false};
+  std::mutex mu_;
+  std::vector<std::thread> threads_;
+};
+
 class CallPathTest : public ::testing::Test {
  protected:
   void SetUp() override {
     key_.Set(std::string(32, 'k'));
     auto port = invoker::CallPort::Listen(
         "127.0.0.1:0", key_,
-        [this](cw::Request& req, cw::Reply* reply,
+        [this](cw::Request& req, invoker::RequestBody* body, cw::Reply* reply,
                invoker::ReplyStream& stream) {
+          if (req.path == "/upload") {
+            // Reads the body part by part: its size and a checksum back.
+            uint64_t size = req.body.size(), sum = Sum(req.body, 0);
+            for (bool last = body == nullptr; !last;) {
+              std::string_view part;
+              if (absl::Status s = body->Next(&part, &last); !s.ok()) {
+                reply->outcome = cw::Outcome::kError;
+                reply->error = std::string(s.message());
+                return;
+              }
+              sum = Sum(part, sum);
+              size += part.size();
+            }
+            reply->status = 200;
+            reply->body = absl::StrCat(size, " ", sum);
+            return;
+          }
           if (req.path == "/parts" || req.path == "/parts-broken") {
             cw::Reply head;
             head.status = 206;
@@ -154,6 +226,31 @@ class CallPathTest : public ::testing::Test {
              rest_ = std::move(rest);
              p.set_value(std::move(rep));
            });
+    return p.get_future().get();
+  }
+
+  // A call whose body streams: `first` in its head, the rest from `body`.
+  absl::StatusOr<cw::Reply> Upload(gateway::CallClient& c,
+                                   const std::string& path, std::string first,
+                                   std::shared_ptr<gateway::BodyStream> body) {
+    cw::Request r;
+    r.ns = "ns";
+    r.name = "f";
+    r.method = "POST";
+    r.path = path;
+    r.body = std::move(first);
+    r.head = true;
+    std::string frame;
+    cw::AppendRequest(&frame, r);
+    std::promise<absl::StatusOr<cw::Reply>> p;
+    c.Call(
+        std::make_shared<const std::string>(std::move(frame)),
+        Clock::now() + std::chrono::seconds(30),
+        [&](absl::StatusOr<cw::Reply> rep,
+            std::shared_ptr<gateway::BodyStream>) {
+          p.set_value(std::move(rep));
+        },
+        std::move(body));
     return p.get_future().get();
   }
 
@@ -287,18 +384,89 @@ TEST_F(CallPathTest, AStreamedReplyThatBreaksOffIsAnErrorAtItsEnd) {
   EXPECT_TRUE(Call(c, "/p").ok());
 }
 
+TEST(CallWire, StreamedRequestFrames) {
+  cw::Request r;
+  r.name = "f";
+  r.body = "first";
+  r.head = true;
+  std::string f;
+  cw::AppendRequest(&f, r);
+  cw::Request back;
+  ASSERT_TRUE(cw::ParseRequest(std::string_view(f).substr(4), &back));
+  EXPECT_TRUE(back.head);
+  EXPECT_EQ(back.body, "first");
+  std::string_view bytes;
+  bool last = true;
+  EXPECT_FALSE(
+      cw::ParseRequestPart(std::string_view(f).substr(4), &bytes, &last));
+  std::string g, h;
+  cw::AppendBodyPart(&g, "mid");
+  cw::AppendBodyEnd(&h, std::string("e\0d", 3));
+  ASSERT_TRUE(
+      cw::ParseRequestPart(std::string_view(g).substr(4), &bytes, &last));
+  EXPECT_EQ(bytes, "mid");
+  EXPECT_FALSE(last);
+  ASSERT_TRUE(
+      cw::ParseRequestPart(std::string_view(h).substr(4), &bytes, &last));
+  EXPECT_EQ(bytes, std::string_view("e\0d", 3));
+  EXPECT_TRUE(last);
+  // The end of a request body is not a part of a reply.
+  EXPECT_FALSE(cw::ParseBodyPart(std::string_view(h).substr(4), &bytes));
+}
+
+// 64 MiB in 256 parts reach the handler part by part, checksummed; the
+// connection then carries the next call.
+TEST_F(CallPathTest, ARequestBodyStreamsPartByPart) {
+  gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
+  auto body = std::make_shared<MadeBody>(256, 256 << 10);
+  auto r = Upload(c, "/upload", "", body);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->body, absl::StrCat(uint64_t{64} << 20, " ", body->Expected()));
+  EXPECT_EQ(body->pulled(), 256);
+  auto again = Call(c, "/p", "x");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->body, "x!");
+}
+
+// A handler that answers without reading the body: the port reads the rest
+// (the gateway sends all of it, then reads the answer), and the connection
+// stays usable.
+TEST_F(CallPathTest, ABodyTheHandlerIgnoresIsReadToItsEnd) {
+  gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
+  auto body = std::make_shared<MadeBody>(16, 1 << 20);
+  auto r = Upload(c, "/p", "head", body);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->body, "head!");
+  EXPECT_EQ(body->pulled(), 16);
+  EXPECT_TRUE(Call(c, "/p").ok());
+}
+
+// The client's body breaks off mid-way: the call fails with why, the handler
+// sees its body break off, and later calls go on.
+TEST_F(CallPathTest, ABodyThatBreaksOffFailsTheCall) {
+  gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
+  auto body = std::make_shared<MadeBody>(16, 1 << 20, /*fail_at=*/5);
+  auto r = Upload(c, "/upload", "", body);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsCancelled(r.status())) << r.status();
+  EXPECT_EQ(body->pulled(), 6);
+  EXPECT_TRUE(body->cancelled());
+  EXPECT_TRUE(Call(c, "/p").ok());
+}
+
 TEST_F(CallPathTest, AConnectionClosedByTheNodeWhileIdleIsReplaced) {
   gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
   ASSERT_TRUE(Call(c, "/p").ok());  // leaves a kept connection
   // The node restarts on the same address: its old connections are gone.
   std::string addr = port_->address();
   port_.reset();
-  auto port = invoker::CallPort::Listen(
-      addr, key_,
-      [](cw::Request& req, cw::Reply* reply, invoker::ReplyStream&) {
-        reply->status = 201;
-        reply->body = req.body;
-      });
+  auto port =
+      invoker::CallPort::Listen(addr, key_,
+                                [](cw::Request& req, invoker::RequestBody*,
+                                   cw::Reply* reply, invoker::ReplyStream&) {
+                                  reply->status = 201;
+                                  reply->body = req.body;
+                                });
   ASSERT_TRUE(port.ok()) << port.status();
   port_ = *std::move(port);
   auto r = Call(c, "/p");

@@ -27,7 +27,10 @@ struct Options {
   bool auth = true;
   int threads = 0;  // 0 = one per core, at least 2
   size_t max_system_body_bytes = 10 << 20;
-  size_t max_function_body_bytes = 32 << 20;
+  // A synchronous call's body streams through (only the function holds it
+  // whole); an async one is kept in the queue whole.
+  size_t max_function_body_bytes = size_t{1} << 30;
+  size_t max_async_body_bytes = 32 << 20;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
   std::chrono::milliseconds write_timeout{std::chrono::seconds(60)};
   // Longest a function call may take (exec_timeout shortens it per function).

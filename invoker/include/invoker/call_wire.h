@@ -20,6 +20,12 @@
 // function wrote them), and a kReply that ends it (the last bytes; its status
 // and headers are not used; an outcome other than kAnswered, or a failure,
 // means the body broke off).
+//
+// A request body may stream too (a large or chunked upload): a kRequestHead
+// (a Request: the call, its spec and the first bytes of the body), any
+// number of kBodyPart frames and a kBodyEnd (the last bytes); only then does
+// the invoker answer. An invoker that answers without running the call (an
+// error) reads the rest of the body first, so the connection stays usable.
 #ifndef SILT_INVOKER_CALL_WIRE_H_
 #define SILT_INVOKER_CALL_WIRE_H_
 
@@ -33,11 +39,13 @@
 namespace silt::invoker::call_wire {
 
 enum class Op : uint8_t {
-  kHello = 1,      // str key
-  kRequest = 2,    // a Request
-  kReply = 3,      // a Reply
-  kReplyHead = 4,  // a Reply whose body goes on in the frames after it
-  kBodyPart = 5,   // raw bytes: the next part of a streamed body
+  kHello = 1,        // str key
+  kRequest = 2,      // a Request
+  kReply = 3,        // a Reply
+  kReplyHead = 4,    // a Reply whose body goes on in the frames after it
+  kBodyPart = 5,     // raw bytes: the next part of a streamed body
+  kRequestHead = 6,  // a Request whose body goes on in the frames after it
+  kBodyEnd = 7,      // raw bytes: the last part of a streamed request body
 };
 
 // How the call must start its instance (X-Silt-Cold-Start; benchmarks and
@@ -72,6 +80,10 @@ struct Request {
   uint32_t timeout_ms = 0;  // 0: the function's own (exec_timeout) or 60 s
   ColdStart cold_start = ColdStart::kAny;
   std::string spec;  // a serialized FunctionSpec, after kNeedSpec; or empty
+  // Sent (or read) as a kRequestHead: the body goes on in kBodyPart frames
+  // and a kBodyEnd. Such a request carries its spec (a body already sent
+  // cannot be sent again after a kNeedSpec).
+  bool head = false;
 };
 
 struct Reply {
@@ -100,13 +112,17 @@ void AppendHello(std::string* out, std::string_view key);
 void AppendRequest(std::string* out, const Request& r);
 void AppendReply(std::string* out, const Reply& r);  // kReply or kReplyHead
 void AppendBodyPart(std::string* out, std::string_view bytes);
+void AppendBodyEnd(std::string* out, std::string_view bytes);
 
 // Parse a frame's payload (after the length prefix). False when it is not a
 // well-formed frame of that kind.
 bool ParseHello(std::string_view payload, std::string_view* key);
-bool ParseRequest(std::string_view payload, Request* r);
-bool ParseReply(std::string_view payload, Reply* r);  // either kind
+bool ParseRequest(std::string_view payload, Request* r);  // either kind
+bool ParseReply(std::string_view payload, Reply* r);      // either kind
 bool ParseBodyPart(std::string_view payload, std::string_view* bytes);
+// A part of a streamed request body: a kBodyPart, or a kBodyEnd (`last`).
+bool ParseRequestPart(std::string_view payload, std::string_view* bytes,
+                      bool* last);
 // A frame's Op byte; 0 for an empty frame.
 inline uint8_t OpOf(std::string_view payload) {
   return payload.empty() ? 0 : static_cast<uint8_t>(payload[0]);

@@ -391,6 +391,14 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
     }
     return {200, {}, "data: end\n\n"};
   }
+  if (path == "/count") {
+    // The body's size and how many of its bytes are not StreamByte(i).
+    uint64_t wrong = 0;
+    for (size_t i = 0; i < req.body.size(); ++i)
+      wrong += req.body[i] != StreamByte(i);
+    return silt::Response::Text(200, "size=" + std::to_string(req.body.size()) +
+                                         " wrong=" + std::to_string(wrong));
+  }
   if (path == "/stream") {
     // `mb` MiB in parts of 64 KiB: byte i is StreamByte(i).
     uint64_t total = std::strtoull(Param(req.query, "mb").c_str(), nullptr, 10)
