@@ -138,6 +138,11 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
   if (auto s = PrepareSeccomp(); !s.ok()) return s;
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir + "/bundles", ec);
+  impl->bundles = std::make_unique<BundleCache>(
+      options.data_dir + "/bundles",
+      [p = impl.get()](const std::string& digest) {
+        return p->FetchBundle(digest);
+      });
   // Root's alone: images hold functions' memory, instances their secrets.
   // Sandboxes reach what they need through bind mounts, made as root.
   if (chmod(options.data_dir.c_str(), 0700) != 0)

@@ -5,7 +5,7 @@
 namespace silt::invoker {
 
 auto Invoker::Impl::PoolFor(const FunctionSpec& spec,
-                            std::shared_ptr<Bundle> bundle)
+                            std::shared_ptr<const Bundle> bundle)
     -> std::shared_ptr<Pool> {
   std::lock_guard<std::mutex> l(mu);
   auto& p = pools[Key(spec.namespace_(), spec.name())];
@@ -274,7 +274,7 @@ void Invoker::Impl::Call(call_wire::Request& req, RequestBody* body,
       res->outcome = Outcome::kNeedSpec;
       return;
     }
-    auto bundle = EnsureBundle(spec.bundle_digest());
+    auto bundle = bundles->Ensure(spec.bundle_digest());
     if (!bundle.ok()) return fail(bundle.status());
     pool = PoolFor(spec, *bundle);
   }

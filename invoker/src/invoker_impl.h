@@ -41,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bundle_cache.h"
 #include "call_mux.h"
 #include "call_port.h"
 #include "channel.h"
@@ -139,11 +140,6 @@ inline std::string Key(const std::string& ns, const std::string& name) {
 }
 
 // ---- instances ----
-
-struct Bundle {
-  std::string dir;
-  proclets::BundleManifest manifest;
-};
 
 struct Template;
 
@@ -292,7 +288,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // One pool per function version.
   struct Pool {
     FunctionSpec spec;
-    std::shared_ptr<Bundle> bundle;
+    std::shared_ptr<const Bundle> bundle;
     std::vector<std::unique_ptr<Instance>> idle;
     // Instances taking several calls at once with calls running (each counts
     // in `busy` once).
@@ -336,8 +332,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   };
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Pool>> pools;  // key ns/name
-  std::map<std::string, std::shared_ptr<Bundle>> bundles;
-  std::map<std::string, std::shared_ptr<std::mutex>> bundle_locks;
+  std::unique_ptr<BundleCache> bundles;                // DATA_DIR/bundles
   // Snapshot images complete on this node, by id.
   std::map<std::string, snapshot::Manifest> images;
   std::map<std::string, std::shared_ptr<std::mutex>> image_locks;
@@ -386,9 +381,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 
   bool Stopping();
 
-  // ---- bundles ----
-  absl::StatusOr<std::shared_ptr<Bundle>> EnsureBundle(
-      const std::string& digest);
+  // A bundle's archive from the gateway (BundleCache::Fetch).
+  absl::StatusOr<std::string> FetchBundle(const std::string& digest);
 
   // ---- instances ----
 
@@ -606,7 +600,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   void LoadImages();
 
   std::shared_ptr<Pool> PoolFor(const FunctionSpec& spec,
-                                std::shared_ptr<Bundle> bundle);
+                                std::shared_ptr<const Bundle> bundle);
 
   int MaxInstances(const FunctionSpec& spec);
 

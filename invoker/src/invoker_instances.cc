@@ -1,64 +1,26 @@
-// Instances: bundles on this node, sandboxes, starting a worker in one, and
+// Instances: fetching bundles, sandboxes, starting a worker in one, and
 // why an instance died.
 #include "invoker_impl.h"
 
 namespace silt::invoker {
 
-absl::StatusOr<std::shared_ptr<Bundle>> Invoker::Impl::EnsureBundle(
+absl::StatusOr<std::string> Invoker::Impl::FetchBundle(
     const std::string& digest) {
-  std::shared_ptr<std::mutex> lock;
-  {
-    std::lock_guard<std::mutex> l(mu);
-    if (auto it = bundles.find(digest); it != bundles.end()) return it->second;
-    auto& m = bundle_locks[digest];
-    if (!m) m = std::make_shared<std::mutex>();
-    lock = m;
-  }
-  std::lock_guard<std::mutex> fetch_lock(*lock);
-  {
-    std::lock_guard<std::mutex> l(mu);
-    if (auto it = bundles.find(digest); it != bundles.end()) return it->second;
-  }
-  std::string hex = digest.substr(7);
-  std::string dir = options.data_dir + "/bundles/" + hex;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  control::FetchBundleRequest req;
+  req.set_digest(digest);
+  auto reader = control->FetchBundle(&ctx, req);
+  control::BundleChunk chunk;
   std::string tar;
-  if (!std::filesystem::exists(dir + "/manifest.json")) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::minutes(2));
-    control::FetchBundleRequest req;
-    req.set_digest(digest);
-    auto reader = control->FetchBundle(&ctx, req);
-    control::BundleChunk chunk;
-    while (reader->Read(&chunk)) tar += chunk.data();
-    grpc::Status st = reader->Finish();
-    if (!st.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot fetch bundle ", digest,
-                       " from the gateway: ", st.error_message()));
-    }
-    if (proclets::Sha256Digest(tar) != digest)
-      return absl::DataLossError(
-          absl::StrCat("bundle ", digest, " arrived corrupted"));
-    std::string tmp = dir + ".tmp-" + RandomId(6);
-    std::filesystem::create_directories(tmp);
-    if (auto s = proclets::UnpackBundle(tar, tmp); !s.ok()) {
-      std::filesystem::remove_all(tmp);
-      return s;
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) std::filesystem::remove_all(tmp);  // another process won the race
+  while (reader->Read(&chunk)) tar += chunk.data();
+  grpc::Status st = reader->Finish();
+  if (!st.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot fetch bundle ", digest,
+                     " from the gateway: ", st.error_message()));
   }
-  std::ifstream in(dir + "/manifest.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto manifest = proclets::ParseManifest(ss.str());
-  if (!manifest.ok()) return manifest.status();
-  auto b = std::make_shared<Bundle>(Bundle{dir, *manifest});
-  std::lock_guard<std::mutex> l(mu);
-  bundles[digest] = b;
-  return b;
+  return tar;
 }
 
 std::unique_ptr<Instance> Invoker::Impl::NewInstance(const FunctionSpec& spec) {
