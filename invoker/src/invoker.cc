@@ -315,8 +315,8 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
             "silt-invoker: cgroup moves may wait for RCU (each instance start "
             "can take milliseconds longer): %s\n",
             std::string(favored.status().message()).c_str());
-  impl->snapshot_dir = options.data_dir + "/snapshots";
-  impl->working_set_dir = options.data_dir + "/working-sets";
+  impl->images = std::make_unique<ImageCatalog>(
+      options.data_dir + "/snapshots", options.data_dir + "/working-sets");
   impl->root_skeleton = options.data_dir + "/root";
   if (auto s = PrepareRootSkeleton(impl->root_skeleton); !s.ok()) return s;
   impl->dev_dir = options.data_dir + "/dev";
@@ -331,7 +331,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     if (v.ok()) {
       impl->criu_version = *v;
       impl->snapshots_on = true;
-      impl->LoadImages();
+      impl->images->Load();
     } else {
       fprintf(stderr,
               "silt-invoker: snapshots off (instances always boot): %s\n",

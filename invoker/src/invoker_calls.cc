@@ -68,7 +68,11 @@ absl::StatusOr<Lease> Invoker::Impl::Acquire(std::shared_ptr<Pool> pool_ptr,
       auto inst = std::move(pool.idle.back());
       pool.idle.pop_back();
       *tier = call_wire::StartTier::kWarm;
-      return LeaseLocked(pool, std::move(inst));
+      Lease lease = LeaseLocked(pool, std::move(inst));
+      // Calls queued meanwhile (say, while it was checkpointed) may share
+      // it: a Release wakes only one of them.
+      if (lease.shared && pool.waiting > 0) pool.cv.notify_all();
+      return lease;
     }
     int total = pool.busy + pool.starting + static_cast<int>(pool.idle.size());
     // Start an instance for this call unless one that the pool is filling in
@@ -359,12 +363,17 @@ void Invoker::Impl::Call(call_wire::Request& req, RequestBody* body,
                                 std::move(*h.mutable_value()));
   }
   res->body = std::move(*reply.mutable_body());
-  if (inst.own) {  // (calls at once record no working set: one is enough)
+  // The first call after a lazy restore records what it touched: the
+  // instance's first call to end, when it takes several at once.
+  std::string record;
+  if (inst.own) {
     inst->fresh = false;
-    if (!inst->record_working_set.empty())
-      RecordWorkingSet(std::exchange(inst->record_working_set, ""),
-                       inst->proc->pid());
+    record = std::exchange(inst->record_working_set, "");
+  } else {
+    std::lock_guard<std::mutex> l(mu);
+    record = std::exchange(inst->record_working_set, "");
   }
+  if (!record.empty()) RecordWorkingSet(record, inst->proc->pid());
   control::InstanceCount count;
   if (force != ColdStart::kAny) {
     // A forced start serves one call; the reaper tears the instance down

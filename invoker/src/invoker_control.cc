@@ -230,7 +230,8 @@ control::LoadReport Invoker::Impl::Report(uint64_t seq) {
   for (const auto& [key, pool] : pools)
     if (pool->tmpl) resident.insert(pool->tmpl->snapshot_id);
   auto held = ResidentByImageLocked();
-  for (const auto& [id, m] : images) {
+  for (const auto& m : images->List()) {
+    const std::string& id = m.id;
     auto* info = r.add_snapshots();
     info->set_id(id);
     info->set_name(m.function);

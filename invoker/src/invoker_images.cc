@@ -4,17 +4,6 @@
 
 namespace silt::invoker {
 
-std::shared_ptr<std::mutex> Invoker::Impl::ImageLock(const std::string& id) {
-  std::lock_guard<std::mutex> l(mu);
-  auto& m = image_locks[id];
-  if (!m) m = std::make_shared<std::mutex>();
-  return m;
-}
-
-std::string Invoker::Impl::ImageDir(const std::string& id) {
-  return snapshot_dir + "/" + id;
-}
-
 std::vector<snapshot::ExternalMount> Invoker::Impl::Mounts(
     const Instance& inst, const Bundle& bundle) {
   std::vector<snapshot::ExternalMount> m = {
@@ -33,14 +22,10 @@ void Invoker::Impl::DropImage(const std::string& id, const std::string& why) {
   std::vector<std::shared_ptr<Template>> templates;
   {
     std::lock_guard<std::mutex> l(mu);
-    images.erase(id);
+    images->Forget(id);
     // Staged restorers and templates map this image's pages: they go too
     // (clones keep their template until they end), and the next cold
     // start boots and snapshots again.
-    plans.erase(id);
-    no_fast.erase(id);
-    working_sets.erase(id);
-    unlink(WorkingSetPath(id).c_str());
     for (auto& [key, pool] : pools) {
       if (pool->snapshot_id != id) continue;
       if (pool->restorer) graveyard.push_back(std::move(pool->restorer));
@@ -51,8 +36,8 @@ void Invoker::Impl::DropImage(const std::string& id, const std::string& why) {
     }
   }
   templates.clear();
-  std::string dir = ImageDir(id);
-  std::string trash = absl::StrCat(snapshot_dir, "/.trash-", RandomId(8));
+  std::string dir = images->Dir(id);
+  std::string trash = images->Aside("trash", id);
   std::error_code ec;
   if (std::filesystem::exists(dir, ec)) {
     std::filesystem::rename(dir, trash, ec);
@@ -145,7 +130,7 @@ absl::Status Invoker::Impl::Checkpoint(Pool& pool, Instance& inst) {
   inst.channel = -1;
 
   const std::string& id = pool.snapshot_id;
-  std::string tmp = absl::StrCat(snapshot_dir, "/.tmp-", id, "-", RandomId(6));
+  std::string tmp = images->Aside("tmp", id);
   std::error_code ec;
   std::filesystem::create_directories(tmp, ec);
   auto listener = ListenIn(inst.base_dir + "/run", inst.host_id);
@@ -171,11 +156,8 @@ absl::Status Invoker::Impl::Checkpoint(Pool& pool, Instance& inst) {
     m.created_unix = WallNanos() / 1000000000;
     m.checkpoint_ms = dump_ms;
     unlink((tmp + "/dump.log").c_str());
-    dumped = snapshot::Seal(tmp, ImageDir(id), &m);
-    if (dumped.ok()) {
-      std::lock_guard<std::mutex> l(mu);
-      images[id] = m;
-    }
+    dumped = snapshot::Seal(tmp, images->Dir(id), &m);
+    if (dumped.ok()) images->Add(m);
   }
   if (!dumped.ok()) std::filesystem::remove_all(tmp, ec);
   // Running on either way.
@@ -188,16 +170,10 @@ absl::Status Invoker::Impl::Checkpoint(Pool& pool, Instance& inst) {
 
 absl::StatusOr<std::string> Invoker::Impl::EnsureImage(Pool& pool) {
   const std::string& id = pool.snapshot_id;
-  {
-    std::lock_guard<std::mutex> l(mu);
-    if (images.contains(id)) return ImageDir(id);
-  }
-  auto lock = ImageLock(id);
-  std::lock_guard<std::mutex> fetch_lock(*lock);
-  {
-    std::lock_guard<std::mutex> l(mu);
-    if (images.contains(id)) return ImageDir(id);
-  }
+  if (images->Has(id)) return images->Dir(id);
+  auto lock = images->FetchLock(id);
+  absl::MutexLock fetch_lock(lock.get());
+  if (images->Has(id)) return images->Dir(id);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   control::FindSnapshotRequest req;
@@ -212,7 +188,7 @@ absl::StatusOr<std::string> Invoker::Impl::EnsureImage(Pool& pool) {
   for (const auto& addr : peers.addresses()) {
     if (addr == address) continue;
     last = FetchImage(addr, id);
-    if (last.ok()) return ImageDir(id);
+    if (last.ok()) return images->Dir(id);
     fprintf(stderr, "silt-invoker: fetching snapshot %s from %s: %s\n",
             id.c_str(), addr.c_str(), std::string(last.message()).c_str());
   }
@@ -231,7 +207,7 @@ absl::Status Invoker::Impl::FetchImage(const std::string& peer,
   v1::FetchSnapshotRequest req;
   req.set_id(id);
   auto reader = stub->FetchSnapshot(&ctx, req);
-  std::string tmp = absl::StrCat(snapshot_dir, "/.tmp-", id, "-", RandomId(6));
+  std::string tmp = images->Aside("tmp", id);
   std::error_code ec;
   std::filesystem::create_directories(tmp, ec);
   v1::SnapshotChunk chunk;
@@ -290,27 +266,23 @@ absl::Status Invoker::Impl::FetchImage(const std::string& peer,
       for (const auto& f : m->files) listed = listed || f.name == n;
       if (!listed) std::filesystem::remove_all(e.path(), ec);
     }
-    if (rename(tmp.c_str(), ImageDir(id).c_str()) != 0)
+    if (rename(tmp.c_str(), images->Dir(id).c_str()) != 0)
       m = absl::InternalError("cannot move the fetched snapshot in place");
   }
   if (!m.ok()) {
     std::filesystem::remove_all(tmp, ec);
     return m.status();
   }
-  std::lock_guard<std::mutex> l(mu);
-  images[id] = *m;
+  images->Add(*m);
   return absl::OkStatus();
 }
 
 grpc::Status Invoker::Impl::FetchSnapshot(
     grpc::ServerContext* ctx, const v1::FetchSnapshotRequest* req,
     grpc::ServerWriter<v1::SnapshotChunk>* writer) {
-  {
-    std::lock_guard<std::mutex> l(mu);
-    if (!images.contains(req->id()))
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such snapshot here");
-  }
-  std::string dir = ImageDir(req->id());
+  if (!images->Has(req->id()))
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such snapshot here");
+  std::string dir = images->Dir(req->id());
   auto m = snapshot::Verify(dir);
   if (!m.ok()) {
     DropImage(req->id(), std::string(m.status().message()));
@@ -350,7 +322,7 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::RestoreInstance(
   // Checked before every restore (checksums once per file version): a
   // damaged image is dropped, never restored.
   const std::string& id = pool.snapshot_id;
-  if (auto m = snapshot::Verify(ImageDir(id)); !m.ok()) {
+  if (auto m = snapshot::Verify(images->Dir(id)); !m.ok()) {
     logs.Append(Key(pool.spec.namespace_(), pool.spec.name()), "invoker",
                 absl::StrCat("silt: not restoring: ", m.status().message()));
     DropImage(id, std::string(m.status().message()));
@@ -374,47 +346,9 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::RestoreInstance(
   return CriuRestoreInstance(pool, by_criu, as_template);
 }
 
-absl::StatusOr<std::shared_ptr<const snapshot::FastPlan>>
-Invoker::Impl::PlanFor(const std::string& id) {
-  {
-    std::lock_guard<std::mutex> l(mu);
-    if (no_fast.contains(id))
-      return absl::UnimplementedError(
-          "not restorable without CRIU (seen before)");
-    if (auto it = plans.find(id); it != plans.end()) return it->second;
-  }
-  auto plan = snapshot::BuildRestorePlan(ImageDir(id));
-  std::lock_guard<std::mutex> l(mu);
-  if (!plan.ok()) {
-    no_fast.insert(id);
-    return plan.status();
-  }
-  auto p = std::make_shared<const snapshot::FastPlan>(*std::move(plan));
-  plans[id] = p;
-  return p;
-}
-
-std::string Invoker::Impl::WorkingSetPath(const std::string& id) {
-  return working_set_dir + "/" + id;
-}
-
-std::shared_ptr<const std::vector<snapshot::FileRange>>
-Invoker::Impl::WorkingSetOf(const std::string& id) {
-  {
-    std::lock_guard<std::mutex> l(mu);
-    if (auto it = working_sets.find(id); it != working_sets.end())
-      return it->second;
-  }
-  auto ws = snapshot::LoadWorkingSet(WorkingSetPath(id));
-  std::shared_ptr<const std::vector<snapshot::FileRange>> p;
-  if (ws.ok()) p = std::make_shared<std::vector<snapshot::FileRange>>(*ws);
-  std::lock_guard<std::mutex> l(mu);
-  return working_sets.try_emplace(id, p).first->second;
-}
-
 bool Invoker::Impl::PrefetchWorkingSet(const Pool& pool,
                                        const snapshot::FastPlan& plan) {
-  auto ws = WorkingSetOf(pool.snapshot_id);
+  auto ws = images->WorkingSet(pool.snapshot_id);
   struct Read {
     int fd;
     std::vector<snapshot::FileRange> ranges;
@@ -458,49 +392,17 @@ bool Invoker::Impl::PrefetchWorkingSet(const Pool& pool,
 }
 
 void Invoker::Impl::RecordWorkingSet(const std::string& id, pid_t pid) {
-  if (WorkingSetOf(id) != nullptr) return;
-  auto plan = PlanFor(id);
+  if (images->WorkingSet(id) != nullptr) return;
+  auto plan = images->Plan(id);
   if (!plan.ok()) return;
   auto ranges = snapshot::TouchedRanges(pid, (*plan)->pages_file);
   if (!ranges.ok() || ranges->empty()) return;
-  std::error_code ec;
-  std::filesystem::create_directories(working_set_dir, ec);
-  if (!snapshot::SaveWorkingSet(WorkingSetPath(id), *ranges).ok()) return;
-  std::lock_guard<std::mutex> l(mu);
-  working_sets[id] =
-      std::make_shared<std::vector<snapshot::FileRange>>(*std::move(ranges));
+  images->SaveWorkingSet(id, *std::move(ranges)).IgnoreError();
 }
 
 void Invoker::Impl::CollectImages(const std::set<std::string>& wanted_ids) {
-  std::vector<std::string> doomed;
-  {
-    std::lock_guard<std::mutex> l(mu);
-    for (const auto& [id, m] : images)
-      if (!wanted_ids.contains(id)) doomed.push_back(id);
-  }
-  for (const auto& id : doomed) DropImage(id, "");
-}
-
-void Invoker::Impl::LoadImages() {
-  std::error_code ec;
-  std::filesystem::create_directories(snapshot_dir, ec);
-  for (const auto& e : std::filesystem::directory_iterator(snapshot_dir, ec)) {
-    std::string name = e.path().filename().string();
-    if (absl::StartsWith(name, ".")) {
-      std::filesystem::remove_all(e.path(), ec);
-      continue;
-    }
-    auto m = snapshot::ReadManifest(e.path().string());
-    if (!m.ok() || m->id != name || m->kernel != snapshot::KernelRelease()) {
-      std::filesystem::remove_all(e.path(), ec);
-      continue;
-    }
-    images[name] = *m;
-  }
-  // Working sets of images gone since.
-  for (const auto& e : std::filesystem::directory_iterator(working_set_dir, ec))
-    if (!images.contains(e.path().filename().string()))
-      std::filesystem::remove(e.path(), ec);
+  for (const auto& m : images->List())
+    if (!wanted_ids.contains(m.id)) DropImage(m.id, "");
 }
 
 }  // namespace silt::invoker

@@ -52,6 +52,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gpu/devices.h"
 #include "hosted_shard.h"
+#include "image_catalog.h"
 #include "invoker/call_wire.h"
 #include "invoker/invoker.h"
 #include "invoker/proto/invoker.grpc.pb.h"
@@ -158,7 +159,8 @@ struct Instance {
   bool tmp_mounted = false;  // base_dir/tmp is a tmpfs of ours
   int listener = -1;         // a ready restorer's run/s
   // Restored lazily from this image (its pages file mapped, not read ahead)
-  // with no working set recorded yet: its first call records one.
+  // with no working set recorded yet: its first call records one (read and
+  // cleared under Impl::mu once the instance may take calls at once).
   std::string record_working_set;
   // How many calls it takes at once (WorkerReady.concurrency: a thread-safe
   // native function). Above 1, `mux` carries them and its pool holds it in
@@ -333,24 +335,14 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Pool>> pools;  // key ns/name
   std::unique_ptr<BundleCache> bundles;                // DATA_DIR/bundles
-  // Snapshot images complete on this node, by id.
-  std::map<std::string, snapshot::Manifest> images;
-  std::map<std::string, std::shared_ptr<std::mutex>> image_locks;
-  std::string snapshot_dir;  // DATA_DIR/snapshots
-  // DATA_DIR/working-sets/<image id>: what lazy restores of it touched
-  // (snapshot/working_set.h); loaded at first need (null: none recorded).
-  std::string working_set_dir;
-  std::map<std::string, std::shared_ptr<const std::vector<snapshot::FileRange>>>
-      working_sets;
+  // Snapshot images complete on this node, their plans and working sets
+  // (DATA_DIR/snapshots, DATA_DIR/working-sets).
+  std::unique_ptr<ImageCatalog> images;
   std::string dev_dir;        // DATA_DIR/dev: device nodes bound as /dev
   std::string root_skeleton;  // DATA_DIR/root: every sandbox's mount points
   bool bind_dev_tmp = false;
   bool snapshots_on = false;     // options.snapshots and CRIU 4.1+ present
   bool fast_restore_on = false;  // silt-restorer is installed
-  // Restore plans by image id; images the restorer cannot take (CRIU
-  // restores those).
-  std::map<std::string, std::shared_ptr<const snapshot::FastPlan>> plans;
-  std::set<std::string> no_fast;
   // Instances done with, for the reaper to tear down off the call path.
   std::vector<std::unique_ptr<Instance>> graveyard;
   int criu_version = 0;
@@ -424,10 +416,6 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   Death DeathReason(Instance& inst);
 
   // ---- snapshots ----
-  std::shared_ptr<std::mutex> ImageLock(const std::string& id);
-
-  std::string ImageDir(const std::string& id);
-
   std::vector<snapshot::ExternalMount> Mounts(const Instance& inst,
                                               const Bundle& bundle);
 
@@ -465,16 +453,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   absl::StatusOr<std::unique_ptr<Instance>> RestoreInstance(
       Pool& pool, bool by_criu = false, bool as_template = false);
 
-  // The restore plan of image `id`, digested once.
-  absl::StatusOr<std::shared_ptr<const snapshot::FastPlan>> PlanFor(
-      const std::string& id);
-
   // ---- working sets (snapshot/working_set.h) ----
-  std::string WorkingSetPath(const std::string& id);
-
-  std::shared_ptr<const std::vector<snapshot::FileRange>> WorkingSetOf(
-      const std::string& id);
-
   // Starts reading image `id`'s working set ahead, off this thread (the
   // reads overlap the sandbox's start), and the files of the function's
   // bundle the process maps (its code: small, read whole). With no working
@@ -486,8 +465,6 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // first call becomes the image's working set (once per image: REAP's
   // record-once; a new function version is a new image).
   void RecordWorkingSet(const std::string& id, pid_t pid);
-
-  void NoFastRestore(const std::string& id);
 
   // A silt-restorer in a sandbox of `pool`'s function: namespaces, cgroup,
   // mounts, credentials and seccomp ready, the image mapped. `populate`: it
@@ -594,10 +571,6 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // Drops images no assigned function version uses (updated or deleted
   // functions).
   void CollectImages(const std::set<std::string>& wanted_ids);
-
-  // Loads the images a previous invoker left (sizes checked now, checksums
-  // at first use) and removes partial ones.
-  void LoadImages();
 
   std::shared_ptr<Pool> PoolFor(const FunctionSpec& spec,
                                 std::shared_ptr<const Bundle> bundle);

@@ -4,15 +4,9 @@
 
 namespace silt::invoker {
 
-void Invoker::Impl::NoFastRestore(const std::string& id) {
-  std::lock_guard<std::mutex> l(mu);
-  no_fast.insert(id);
-  plans.erase(id);
-}
-
 absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::SpawnRestorer(
     Pool& pool, bool populate) {
-  auto plan = PlanFor(pool.snapshot_id);
+  auto plan = images->Plan(pool.snapshot_id);
   if (!plan.ok()) return plan.status();
   auto inst = NewInstance(pool.spec);
   inst->tier = call_wire::StartTier::kRestore;
@@ -43,7 +37,7 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::SpawnRestorer(
   if (!listener.ok()) return listener.status();
   inst->listener = *listener;
   if (auto st = StageRestorer(*inst, **plan, populate); !st.ok()) {
-    NoFastRestore(pool.snapshot_id);
+    images->RefuseFast(pool.snapshot_id);
     return st;
   }
   return inst;
@@ -120,8 +114,8 @@ void Invoker::Impl::TendRestorers() {
     std::vector<std::shared_ptr<Pool>> candidates;
     for (auto& [key, pool] : pools) {
       if (pool->restorer || pool->restorer_starting || !pool->snapshot_wanted ||
-          !images.contains(pool->snapshot_id) ||
-          no_fast.contains(pool->snapshot_id))
+          !images->Has(pool->snapshot_id) ||
+          images->FastRefused(pool->snapshot_id))
         continue;
       candidates.push_back(pool);
     }
@@ -229,7 +223,7 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::FastRestore(
   // or, with none recorded, this one's first call records it.
   bool record = false;
   if (!populated) {
-    if (auto plan = PlanFor(id); plan.ok())
+    if (auto plan = images->Plan(id); plan.ok())
       record = !PrefetchWorkingSet(pool, **plan);
   }
   if (inst == nullptr) {
@@ -248,7 +242,7 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::FastRestore(
   close(inst->listener);
   inst->listener = -1;
   if (!resumed.ok()) {
-    NoFastRestore(id);
+    images->RefuseFast(id);
     return absl::InternalError(
         absl::StrCat(resumed.message(), ": ", DeathReason(*inst).text));
   }
@@ -262,7 +256,7 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::FastRestore(
 absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::CriuRestoreInstance(
     Pool& pool, bool by_criu, bool as_template) {
   auto start = Clock::now();
-  std::string dir = ImageDir(pool.snapshot_id);
+  std::string dir = images->Dir(pool.snapshot_id);
   auto inst = NewInstance(pool.spec);
   inst->tier = call_wire::StartTier::kRestore;
   if (auto s = PrepareRootSkeleton(inst->base_dir + "/root"); !s.ok()) return s;

@@ -11,8 +11,7 @@ uint64_t Invoker::Impl::HeldBytesLocked(const Pool& pool, ResidentKind kind) {
 }
 
 uint64_t Invoker::Impl::ImageBytesLocked(const Pool& pool) {
-  auto it = images.find(pool.snapshot_id);
-  return it != images.end() ? it->second.bytes : 0;
+  return images->Bytes(pool.snapshot_id);
 }
 
 uint64_t Invoker::Impl::RestorerBytesLocked(const Pool& pool, bool populated) {
@@ -193,7 +192,7 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::BootAndCheckpoint(
   bool take = false;
   {
     std::lock_guard<std::mutex> l(mu);
-    if (!pool->checkpointing && !images.contains(pool->snapshot_id)) {
+    if (!pool->checkpointing && !images->Has(pool->snapshot_id)) {
       pool->checkpointing = true;
       take = true;
     }
@@ -253,7 +252,7 @@ absl::Status Invoker::Impl::EnsureTemplate(std::shared_ptr<Pool> pool) {
   {
     std::lock_guard<std::mutex> l(mu);
     pool->template_starting = false;
-    if (t.ok() && !images.contains(pool->snapshot_id)) {
+    if (t.ok() && !images->Has(pool->snapshot_id)) {
       // Dropped while it started (damaged, deleted, or the function
       // changed): a template must not outlive its image.
       stale = *std::move(t);
@@ -279,7 +278,7 @@ void Invoker::Impl::TendTemplates() {
     auto now = Clock::now();
     for (auto& [key, pool] : pools) {
       if (!pool->snapshot_wanted || !pool->forkable || pool->tmpl ||
-          pool->template_starting || !images.contains(pool->snapshot_id) ||
+          pool->template_starting || !images->Has(pool->snapshot_id) ||
           now < pool->template_retry_after)
         continue;
       // With staged restorers, only functions that had a burst lately: a
