@@ -1,0 +1,92 @@
+// A client of containerd's gRPC API for the invoker's container instances,
+// and a containerd of the invoker's own (Daemon) for nodes that run none.
+// Everything a call does is in one containerd namespace, given at Connect.
+//
+// Thread safety: Client is thread-safe (one gRPC channel, calls in parallel);
+// Daemon is not (one owner).
+#ifndef SILT_CONTAINERD_CONTAINERD_H_
+#define SILT_CONTAINERD_CONTAINERD_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace silt::containerd {
+
+// What one container runs (made into its OCI runtime spec by the client).
+struct ContainerSpec {
+  std::string id;      // unique in the namespace
+  std::string rootfs;  // a directory, bind-mounted as the root
+  bool read_only_root = true;
+  std::vector<std::string> args;  // args[0]: a path inside the rootfs
+  std::vector<std::string> env;   // "K=V"
+  std::string cwd = "/";
+  uint64_t memory_limit_bytes = 0;  // 0: none of its own
+  // The file (a host path) its stdout and stderr are appended to, together
+  // (containerd's runc shim writes both streams of a file:// to it); whole
+  // once the task is deleted (after Wait, its last bytes may still be on
+  // their way).
+  std::string log_path;
+};
+
+class Client {
+ public:
+  // Connects to containerd's socket (a path) and waits up to `timeout` for
+  // it to answer. Unavailable when it does not.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& socket, std::string ns,
+      std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  ~Client();
+
+  // containerd's version ("1.6.20~ds1").
+  absl::StatusOr<std::string> Version();
+
+  // Creates the container and its task (created, not running).
+  // AlreadyExists when the id is taken.
+  absl::Status Create(const ContainerSpec& spec);
+  absl::Status Start(const std::string& id);
+  // Waits for the task to exit: its exit status. DeadlineExceeded after
+  // `timeout` (the task runs on).
+  absl::StatusOr<uint32_t> Wait(const std::string& id,
+                                std::chrono::milliseconds timeout);
+  absl::Status Kill(const std::string& id, int signal);
+  // Removes the task (killed first if it runs) and the container. NotFound
+  // when neither exists.
+  absl::Status Delete(const std::string& id);
+  // The containers of the namespace, by id.
+  absl::StatusOr<std::vector<std::string>> List();
+
+ private:
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// containerd run for the invoker: root, state, config, log and socket under
+// one directory, the CRI plugin off. Start adopts one already serving there
+// (an invoker that restarted) instead of starting a second.
+class Daemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const std::string& dir);
+  ~Daemon();  // stops it (SIGTERM, then SIGKILL after 10 s)
+
+  const std::string& socket() const { return socket_; }
+  pid_t pid() const { return pid_; }
+  // Whether it still runs.
+  bool Alive() const;
+
+ private:
+  Daemon(std::string dir, std::string socket, pid_t pid);
+  std::string dir_, socket_;
+  pid_t pid_;
+};
+
+}  // namespace silt::containerd
+
+#endif  // SILT_CONTAINERD_CONTAINERD_H_
