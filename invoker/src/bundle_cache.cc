@@ -2,11 +2,11 @@
 
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "random_id.h"
 
 namespace silt::invoker {
 
@@ -52,8 +52,7 @@ absl::StatusOr<std::shared_ptr<const Bundle>> BundleCache::Load(
           absl::StrCat("bundle ", digest, " arrived corrupted"));
     // Unpacked aside, then renamed into place: a bundle directory is whole
     // or absent, also after a crash.
-    static thread_local std::mt19937_64 rng{std::random_device{}()};
-    std::string tmp = absl::StrCat(dir, ".tmp-", rng());
+    std::string tmp = absl::StrCat(dir, ".tmp-", RandomId(8));
     std::filesystem::create_directories(tmp);
     if (auto s = proclets::UnpackBundle(*tar, tmp); !s.ok()) {
       std::filesystem::remove_all(tmp);

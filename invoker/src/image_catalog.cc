@@ -3,11 +3,11 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <random>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "random_id.h"
 
 namespace silt::invoker {
 
@@ -46,8 +46,7 @@ std::string ImageCatalog::Dir(const std::string& id) const {
 
 std::string ImageCatalog::Aside(const std::string& what,
                                 const std::string& id) const {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  return absl::StrCat(dir_, "/.", what, "-", id, "-", rng());
+  return absl::StrCat(dir_, "/.", what, "-", id, "-", RandomId(8));
 }
 
 bool ImageCatalog::Has(const std::string& id) const {

@@ -63,6 +63,7 @@
 #include "node_cgroup.h"
 #include "proclet_host.h"
 #include "proclets/bundle.h"
+#include "random_id.h"
 #include "resident_budget.h"
 #include "sandbox.h"
 #include "seccomp_log.h"
@@ -83,14 +84,6 @@ using control::FunctionSpec;
 // keeps earning fork templates for this long after its last one.
 constexpr auto kBurstGap = std::chrono::seconds(2);
 constexpr auto kTemplateAfterBurst = std::chrono::minutes(10);
-
-inline std::string RandomId(size_t n) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) s.push_back(kAlphabet[rng() % 36]);
-  return s;
-}
 
 inline grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()),

@@ -33,6 +33,26 @@ namespace {
 
 using nlohmann::json;
 
+// A TCP connection to the gateway at `url` ("http://HOST:PORT") whose reads
+// and sends give up after `timeout_s`; -1 when it cannot connect.
+int ConnectTo(const std::string& url, int timeout_s) {
+  std::string hostport = url.substr(url.find("//") + 2);
+  size_t colon = hostport.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(std::stoi(hostport.substr(colon + 1)));
+  inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &addr.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{timeout_s, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // One GET over a plain socket whose response is read as it arrives: the head,
 // then the body's chunks (chunked encoding) one at a time. Reads give up
 // after 30 s, so that a test never hangs on a body that does not come.
@@ -42,16 +62,8 @@ class StreamReader {
   StreamReader(const std::string& url, const std::string& path,
                bool read_head = true) {
     std::string hostport = url.substr(url.find("//") + 2);
-    size_t colon = hostport.rfind(':');
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(std::stoi(hostport.substr(colon + 1)));
-    inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &addr.sin_addr);
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    timeval tv{30, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
-      return;
+    fd_ = ConnectTo(url, 30);
+    if (fd_ < 0) return;
     std::string req =
         "GET " + path + " HTTP/1.1\r\nHost: " + hostport + "\r\n\r\n";
     if (send(fd_, req.data(), req.size(), MSG_NOSIGNAL) !=
@@ -123,22 +135,14 @@ class StreamReader {
 std::string Upload(const std::string& url, const std::string& path,
                    uint64_t bytes, bool chunked, char (*byte)(uint64_t)) {
   std::string hostport = url.substr(url.find("//") + 2);
-  size_t colon = hostport.rfind(':');
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(std::stoi(hostport.substr(colon + 1)));
-  inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &addr.sin_addr);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{60, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  int fd = ConnectTo(url, 60);
+  if (fd < 0) return "";
   auto send_all = [fd](const std::string& s) {
     return send(fd, s.data(), s.size(), MSG_NOSIGNAL) ==
            static_cast<ssize_t>(s.size());
   };
   std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      send_all(absl::StrCat(
+  if (send_all(absl::StrCat(
           "POST ", path, " HTTP/1.1\r\nHost: ", hostport,
           "\r\nConnection: close\r\n",
           chunked ? "Transfer-Encoding: chunked\r\n"

@@ -207,50 +207,31 @@ class CallPathTest : public ::testing::Test {
     cv_.notify_all();
   }
 
+  // One call; with `upload`, its body streams: `body` in its head, the
+  // rest pulled from `upload`.
   absl::StatusOr<cw::Reply> Call(
       gateway::CallClient& c, const std::string& path, std::string body = "hi",
-      std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+      std::chrono::milliseconds timeout = std::chrono::seconds(10),
+      std::shared_ptr<gateway::BodyStream> upload = nullptr) {
     cw::Request r;
     r.ns = "ns";
     r.name = "f";
     r.method = "POST";
     r.path = path;
     r.body = std::move(body);
-    std::string frame;
-    cw::AppendRequest(&frame, r);
-    std::promise<absl::StatusOr<cw::Reply>> p;
-    c.Call(std::make_shared<const std::string>(std::move(frame)),
-           Clock::now() + timeout,
-           [&](absl::StatusOr<cw::Reply> rep,
-               std::shared_ptr<gateway::BodyStream> rest) {
-             rest_ = std::move(rest);
-             p.set_value(std::move(rep));
-           });
-    return p.get_future().get();
-  }
-
-  // A call whose body streams: `first` in its head, the rest from `body`.
-  absl::StatusOr<cw::Reply> Upload(gateway::CallClient& c,
-                                   const std::string& path, std::string first,
-                                   std::shared_ptr<gateway::BodyStream> body) {
-    cw::Request r;
-    r.ns = "ns";
-    r.name = "f";
-    r.method = "POST";
-    r.path = path;
-    r.body = std::move(first);
-    r.head = true;
+    r.head = upload != nullptr;
     std::string frame;
     cw::AppendRequest(&frame, r);
     std::promise<absl::StatusOr<cw::Reply>> p;
     c.Call(
         std::make_shared<const std::string>(std::move(frame)),
-        Clock::now() + std::chrono::seconds(30),
+        Clock::now() + timeout,
         [&](absl::StatusOr<cw::Reply> rep,
-            std::shared_ptr<gateway::BodyStream>) {
+            std::shared_ptr<gateway::BodyStream> rest) {
+          rest_ = std::move(rest);
           p.set_value(std::move(rep));
         },
-        std::move(body));
+        std::move(upload));
     return p.get_future().get();
   }
 
@@ -419,7 +400,7 @@ TEST(CallWire, StreamedRequestFrames) {
 TEST_F(CallPathTest, ARequestBodyStreamsPartByPart) {
   gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
   auto body = std::make_shared<MadeBody>(256, 256 << 10);
-  auto r = Upload(c, "/upload", "", body);
+  auto r = Call(c, "/upload", "", std::chrono::seconds(30), body);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->body, absl::StrCat(uint64_t{64} << 20, " ", body->Expected()));
   EXPECT_EQ(body->pulled(), 256);
@@ -434,7 +415,7 @@ TEST_F(CallPathTest, ARequestBodyStreamsPartByPart) {
 TEST_F(CallPathTest, ABodyTheHandlerIgnoresIsReadToItsEnd) {
   gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
   auto body = std::make_shared<MadeBody>(16, 1 << 20);
-  auto r = Upload(c, "/p", "head", body);
+  auto r = Call(c, "/p", "head", std::chrono::seconds(30), body);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->body, "head!");
   EXPECT_EQ(body->pulled(), 16);
@@ -446,7 +427,7 @@ TEST_F(CallPathTest, ABodyTheHandlerIgnoresIsReadToItsEnd) {
 TEST_F(CallPathTest, ABodyThatBreaksOffFailsTheCall) {
   gateway::CallClient c({&ioc_}, port_->address(), std::string(32, 'k'));
   auto body = std::make_shared<MadeBody>(16, 1 << 20, /*fail_at=*/5);
-  auto r = Upload(c, "/upload", "", body);
+  auto r = Call(c, "/upload", "", std::chrono::seconds(30), body);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsCancelled(r.status())) << r.status();
   EXPECT_EQ(body->pulled(), 6);
