@@ -977,10 +977,12 @@ class CallThreads {
   void Run(WorkerCall call) {
     std::lock_guard<std::mutex> l(mu_);
     queue_.push_back(std::move(call));
-    if (waiting_ == 0 && threads_.size() < rt_.Concurrency())
+    // A thread counted as waiting may not have taken the call it was woken
+    // for yet: a new one starts whenever calls outnumber the waiting.
+    if (queue_.size() > static_cast<size_t>(waiting_) &&
+        threads_.size() < rt_.Concurrency())
       threads_.emplace_back([this] { Loop(); });
-    else
-      cv_.notify_one();
+    cv_.notify_one();
   }
 
   // Waits for the running calls (the invoker parks or templates an idle
