@@ -1,7 +1,10 @@
 // The invoker's containerd client against a real containerd of its own
 // (Daemon), running containers from a busybox root through runc: create,
 // start, wait, output, a read-only root, delete (also of a running one),
-// and a restarted owner adopting the running daemon.
+// and a restarted owner adopting the running daemon. Images: OCI layouts
+// and `docker save` archives made at test time (tests/images), imported,
+// unpacked by the overlayfs snapshotter, run, removed without a trace;
+// broken archives refused with nothing left behind.
 #include "containerd/containerd.h"
 
 #include <unistd.h>
@@ -53,6 +56,11 @@ class ContainerdTest : public ::testing::Test {
     std::filesystem::copy_file("/bin/busybox", rootfs_ + "/bin/busybox");
     for (const char* applet : {"sh", "echo", "sleep", "touch", "cat"})
       std::filesystem::create_symlink("busybox", rootfs_ + "/bin/" + applet);
+    auto usage = client_->CountUsage();
+    ASSERT_TRUE(usage.ok()) << usage.status();
+    EXPECT_EQ(usage->containers + usage->images + usage->content_blobs +
+                  usage->snapshots + usage->leases,
+              0u);
   }
   void TearDown() override {
     client_.reset();
@@ -72,6 +80,51 @@ class ContainerdTest : public ::testing::Test {
     s.env = {"PATH=/bin", "NAME=silt"};
     s.log_path = dir_ + "/" + id + ".log";
     return s;
+  }
+
+  // An image archive of the busybox root and a layer on top of it (a file
+  // and a script), made by tests/images/make-oci-image.sh.
+  std::string MakeImage(const std::string& name, const std::string& format,
+                        bool gzip = false) {
+    std::string top = dir_ + "/top-" + format;
+    std::filesystem::create_directories(top + "/etc");
+    std::ofstream(top + "/etc/greeting") << "hello from the top layer\n";
+    std::ofstream(top + "/run.sh") << "cat /etc/greeting; echo \"$@\" $WHO\n";
+    std::string out = dir_ + "/" + format + ".tar";
+    auto r = silt::testing::RunCommand({SILT_SOURCE_DIR
+                                        "/tests/images/make-oci-image.sh",
+                                        "--name",
+                                        name,
+                                        "--layer",
+                                        rootfs_,
+                                        "--layer",
+                                        top,
+                                        "-o",
+                                        out,
+                                        "--format",
+                                        format,
+                                        "--entrypoint",
+                                        R"(["/bin/sh","/run.sh"])",
+                                        "--cmd",
+                                        R"(["args"])",
+                                        "--env",
+                                        "PATH=/bin",
+                                        "--env",
+                                        "WHO=image",
+                                        "--port",
+                                        "8080/tcp"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    if (gzip) {
+      EXPECT_EQ(silt::testing::RunCommand({"/bin/gzip", "-n", out}).exit_code, 0);
+      out += ".gz";
+    }
+    return out;
+  }
+
+  Client::Usage Usage() {
+    auto u = client_->CountUsage();
+    EXPECT_TRUE(u.ok()) << u.status();
+    return u.ok() ? *u : Client::Usage{};
   }
 
   std::string dir_, rootfs_;
@@ -124,6 +177,159 @@ TEST_F(ContainerdTest, ARestartedOwnerAdoptsTheRunningDaemon) {
   EXPECT_TRUE((*again)->Alive());
   again->reset();  // stops it
   EXPECT_FALSE(daemon_->Alive());
+}
+
+TEST_F(ContainerdTest, ImportsAnOciLayoutAndRunsItsImage) {
+  auto images = client_->Import(MakeImage("silt/hello:1", "oci"));
+  ASSERT_TRUE(images.ok()) << images.status();
+  ASSERT_EQ(images->size(), 1u);
+  const Image& image = (*images)[0];
+  EXPECT_EQ(image.name, "docker.io/silt/hello:1");
+  EXPECT_EQ(image.entrypoint, (std::vector<std::string>{"/bin/sh", "/run.sh"}));
+  EXPECT_EQ(image.cmd, std::vector<std::string>{"args"});
+  EXPECT_EQ(image.env, (std::vector<std::string>{"PATH=/bin", "WHO=image"}));
+  EXPECT_EQ(image.exposed_ports, std::vector<std::string>{"8080/tcp"});
+  EXPECT_GT(image.size, 100'000u);  // busybox, gzipped
+  auto got = client_->GetImage("silt/hello:1");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->digest, image.digest);
+  EXPECT_EQ(got->chain_id, image.chain_id);
+  EXPECT_EQ(got->size, image.size);
+  EXPECT_EQ(client_->GetImage("silt/hello:2").status().code(),
+            absl::StatusCode::kNotFound);
+  Client::Usage with_image = Usage();
+  EXPECT_EQ(with_image.images, 1u);
+  EXPECT_EQ(with_image.content_blobs, 4u);  // manifest, config, 2 layers
+  EXPECT_EQ(with_image.snapshots, 2u);      // one per layer
+  EXPECT_EQ(with_image.leases, 0u);
+
+  // Containers on the image, one with a read-only root, one writable.
+  ContainerSpec spec;
+  spec.image = "silt/hello:1";
+  spec.args = {"/bin/sh", "-c",
+               "/bin/sh /run.sh from-image; touch /new && echo root is rw"};
+  spec.env = image.env;
+  for (bool ro : {true, false}) {
+    spec.id = ro ? "ro" : "rw";
+    spec.read_only_root = ro;
+    spec.log_path = dir_ + "/" + spec.id + ".log";
+    ASSERT_TRUE(client_->Create(spec).ok());
+    ASSERT_TRUE(client_->Start(spec.id).ok());
+    auto exit = client_->Wait(spec.id, seconds(30));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_EQ(*exit, ro ? 1u : 0u);
+    ASSERT_TRUE(client_->Delete(spec.id).ok());
+    std::string log = ReadFile(spec.log_path);
+    EXPECT_TRUE(absl::StrContains(log, "hello from the top layer\n")) << log;
+    EXPECT_TRUE(absl::StrContains(log, "from-image image\n")) << log;
+    EXPECT_EQ(absl::StrContains(log, "root is rw"), !ro) << log;
+  }
+  // A container's root goes with it; the image stays until removed.
+  EXPECT_EQ(Usage().snapshots, 2u);
+  ASSERT_TRUE(client_->RemoveImage("docker.io/silt/hello:1").ok());
+  Client::Usage after = Usage();
+  EXPECT_EQ(after.images + after.content_blobs + after.snapshots +
+                after.leases + after.containers,
+            0u);
+  EXPECT_EQ(client_->RemoveImage("silt/hello:1").code(),
+            absl::StatusCode::kNotFound);
+  spec.id = "gone";
+  EXPECT_EQ(client_->Create(spec).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ContainerdTest, ImportsAGzippedDockerSaveArchive) {
+  auto images = client_->Import(MakeImage("hello", "docker", /*gzip=*/true));
+  ASSERT_TRUE(images.ok()) << images.status();
+  ASSERT_EQ(images->size(), 1u);
+  EXPECT_EQ((*images)[0].name, "docker.io/library/hello:latest");
+  ContainerSpec spec;
+  spec.id = "docker";
+  spec.image = "hello";
+  spec.args = {"/bin/sh", "/run.sh", "saved"};
+  spec.env = {"PATH=/bin", "WHO=docker"};
+  spec.log_path = dir_ + "/docker.log";
+  ASSERT_TRUE(client_->Create(spec).ok());
+  ASSERT_TRUE(client_->Start(spec.id).ok());
+  auto exit = client_->Wait(spec.id, seconds(30));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0u);
+  ASSERT_TRUE(client_->Delete(spec.id).ok());
+  EXPECT_EQ(ReadFile(spec.log_path),
+            "hello from the top layer\nsaved docker\n");
+  // Imported again: the same image, nothing stored twice.
+  Client::Usage once = Usage();
+  auto again = client_->Import(dir_ + "/docker.tar.gz");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)[0].digest, (*images)[0].digest);
+  Client::Usage twice = Usage();
+  EXPECT_EQ(twice.content_blobs, once.content_blobs);
+  EXPECT_EQ(twice.snapshots, once.snapshots);
+  auto list = client_->ListImages();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].name, "docker.io/library/hello:latest");
+  ASSERT_TRUE(client_->RemoveImage("hello").ok());
+  EXPECT_EQ(Usage().content_blobs, 0u);
+}
+
+TEST_F(ContainerdTest, RefusesBrokenArchivesLeavingNothing) {
+  std::string good = MakeImage("silt/broken:1", "oci");
+  auto refused = [&](const std::string& path, const std::string& why) {
+    auto r = client_->Import(path);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+        << path << ": " << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), why))
+        << r.status().message();
+    Client::Usage u = Usage();
+    EXPECT_EQ(u.images + u.content_blobs + u.snapshots + u.leases, 0u) << path;
+  };
+  // Cut short.
+  std::string cut = dir_ + "/cut.tar";
+  std::filesystem::copy_file(good, cut);
+  std::filesystem::resize_file(cut, std::filesystem::file_size(good) / 2);
+  refused(cut, "ends");
+  // Not a tar.
+  std::ofstream(dir_ + "/text.tar") << std::string(2048, 'x');
+  refused(dir_ + "/text.tar", "not a tar archive");
+  // A tar of something else.
+  std::string other = dir_ + "/other.tar";
+  ASSERT_EQ(silt::testing::RunCommand(
+                {"/bin/tar", "-C", rootfs_, "-cf", other, "bin/busybox"})
+                .exit_code,
+            0);
+  refused(other, "neither an OCI image layout");
+  // A blob that is not what its name says.
+  std::string x = dir_ + "/x";
+  std::filesystem::create_directories(x);
+  ASSERT_EQ(silt::testing::RunCommand({"/bin/tar", "-C", x, "-xf", good}).exit_code,
+            0);
+  std::string blob;
+  for (const auto& e : std::filesystem::directory_iterator(x + "/blobs/sha256"))
+    if (std::filesystem::file_size(e.path()) > 100'000) blob = e.path();
+  ASSERT_FALSE(blob.empty());
+  std::ofstream(blob, std::ios::app) << "tampered";
+  std::string tampered = dir_ + "/tampered.tar";
+  ASSERT_EQ(silt::testing::RunCommand({"/bin/tar", "-C", x, "-cf", tampered, "."})
+                .exit_code,
+            0);
+  refused(tampered, "does not match its digest");
+  // The good one still imports.
+  EXPECT_TRUE(client_->Import(good).ok());
+}
+
+TEST(ImageNameTest, NormalizesAsDockerAndContainerdDo) {
+  EXPECT_EQ(*NormalizeImageName("hello"), "docker.io/library/hello:latest");
+  EXPECT_EQ(*NormalizeImageName("me/x:1"), "docker.io/me/x:1");
+  EXPECT_EQ(*NormalizeImageName("ghcr.io/a/b"), "ghcr.io/a/b:latest");
+  EXPECT_EQ(*NormalizeImageName("localhost:5000/f:2"), "localhost:5000/f:2");
+  EXPECT_EQ(*NormalizeImageName("docker.io/library/hello:latest"),
+            "docker.io/library/hello:latest");
+  std::string d = "sha256:" + std::string(64, 'a');
+  EXPECT_EQ(*NormalizeImageName("x@" + d), "docker.io/library/x@" + d);
+  for (const char* bad : {"", "Hello", "a b", "x:", "/x", "x//y", "x@md5:1"})
+    EXPECT_EQ(NormalizeImageName(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
 }
 
 }  // namespace

@@ -1,52 +1,25 @@
 #include "containerd/containerd.h"
 
-#include <grpcpp/grpcpp.h>
-
 #include <csignal>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "github.com/containerd/containerd/api/services/containers/v1/containers.grpc.pb.h"
-#include "github.com/containerd/containerd/api/services/tasks/v1/tasks.grpc.pb.h"
-#include "github.com/containerd/containerd/api/services/version/v1/version.grpc.pb.h"
+#include "client_impl.h"
 #include "oci_spec.h"
 
 namespace silt::containerd {
 namespace {
 
-namespace containers = ::containerd::services::containers::v1;
-namespace tasks = ::containerd::services::tasks::v1;
-namespace version = ::containerd::services::version::v1;
+namespace containers = containers_v1;
+namespace tasks = tasks_v1;
+namespace version = version_v1;
 
 // containerd's own names for what an Any holds (no type.googleapis.com/).
 constexpr char kSpecType[] =
     "types.containerd.io/opencontainers/runtime-spec/1/Spec";
 constexpr char kRuntime[] = "io.containerd.runc.v2";
 
-absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
-
 }  // namespace
-
-struct Client::Impl {
-  std::shared_ptr<grpc::Channel> channel;
-  std::string ns;
-  std::unique_ptr<version::Version::Stub> version;
-  std::unique_ptr<containers::Containers::Stub> containers;
-  std::unique_ptr<tasks::Tasks::Stub> tasks;
-
-  // A call's context: in the namespace, within `timeout`.
-  std::unique_ptr<grpc::ClientContext> Context(
-      std::chrono::milliseconds timeout = std::chrono::seconds(30)) const {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->AddMetadata("containerd-namespace", ns);
-    ctx->set_deadline(std::chrono::system_clock::now() + timeout);
-    return ctx;
-  }
-};
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
@@ -70,6 +43,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   impl->version = version::Version::NewStub(impl->channel);
   impl->containers = containers::Containers::NewStub(impl->channel);
   impl->tasks = tasks::Tasks::NewStub(impl->channel);
+  impl->content = content_v1::Content::NewStub(impl->channel);
+  impl->images = images_v1::Images::NewStub(impl->channel);
+  impl->snapshots = snapshots_v1::Snapshots::NewStub(impl->channel);
+  impl->diff = diff_v1::Diff::NewStub(impl->channel);
+  impl->leases = leases_v1::Leases::NewStub(impl->channel);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -85,6 +63,54 @@ absl::StatusOr<std::string> Client::Version() {
 }
 
 absl::Status Client::Create(const ContainerSpec& spec) {
+  // An image's container is rooted on a snapshot of its own (read-only
+  // roots on a view: no upper directory).
+  google::protobuf::RepeatedPtrField<::containerd::types::Mount> rootfs;
+  std::string image_name;
+  if (!spec.image.empty()) {
+    auto image = GetImage(spec.image);
+    if (!image.ok()) return image.status();
+    image_name = image->name;
+    auto ctx = impl_->Context();
+    grpc::Status s;
+    if (spec.read_only_root) {
+      snapshots_v1::ViewSnapshotRequest req;
+      req.set_snapshotter(kSnapshotter);
+      req.set_key(spec.id);
+      req.set_parent(image->chain_id);
+      snapshots_v1::ViewSnapshotResponse res;
+      s = impl_->snapshots->View(ctx.get(), req, &res);
+      rootfs = res.mounts();
+    } else {
+      snapshots_v1::PrepareSnapshotRequest req;
+      req.set_snapshotter(kSnapshotter);
+      req.set_key(spec.id);
+      req.set_parent(image->chain_id);
+      snapshots_v1::PrepareSnapshotResponse res;
+      s = impl_->snapshots->Prepare(ctx.get(), req, &res);
+      rootfs = res.mounts();
+    }
+    if (!s.ok())
+      return FromGrpc(s, absl::StrCat("cannot make the root of ", spec.id,
+                                      " from ", image->name));
+  } else {
+    auto* root = rootfs.Add();
+    root->set_type("bind");
+    root->set_source(spec.rootfs);
+    root->add_options("rbind");
+    root->add_options(spec.read_only_root ? "ro" : "rw");
+  }
+  // Undoes what was made when a later step fails: nothing is left behind.
+  auto undo = [&](bool container) {
+    if (container) {
+      containers::DeleteContainerRequest del;
+      del.set_id(spec.id);
+      google::protobuf::Empty empty;
+      auto ctx = impl_->Context();
+      impl_->containers->Delete(ctx.get(), del, &empty);
+    }
+    if (!spec.image.empty()) RemoveSnapshot(spec.id).IgnoreError();
+  };
   {
     containers::CreateContainerRequest req;
     auto* c = req.mutable_container();
@@ -93,20 +119,24 @@ absl::Status Client::Create(const ContainerSpec& spec) {
     c->mutable_spec()->set_type_url(kSpecType);
     c->mutable_spec()->set_value(OciSpecJson(spec, impl_->ns));
     (*c->mutable_labels())["silt.function-instance"] = "true";
+    if (!image_name.empty()) {
+      c->set_image(image_name);
+      c->set_snapshotter(kSnapshotter);
+      c->set_snapshot_key(spec.id);
+    }
     containers::CreateContainerResponse res;
     auto ctx = impl_->Context();
     if (auto s = FromGrpc(impl_->containers->Create(ctx.get(), req, &res),
                           absl::StrCat("cannot create container ", spec.id));
-        !s.ok())
+        !s.ok()) {
+      // The snapshot of a taken id is the other container's.
+      if (s.code() != absl::StatusCode::kAlreadyExists) undo(false);
       return s;
+    }
   }
   tasks::CreateTaskRequest req;
   req.set_container_id(spec.id);
-  auto* root = req.add_rootfs();
-  root->set_type("bind");
-  root->set_source(spec.rootfs);
-  root->add_options("rbind");
-  root->add_options(spec.read_only_root ? "ro" : "rw");
+  *req.mutable_rootfs() = std::move(rootfs);
   if (!spec.log_path.empty()) {
     req.set_stdout("file://" + spec.log_path);
     req.set_stderr("file://" + spec.log_path);
@@ -115,15 +145,19 @@ absl::Status Client::Create(const ContainerSpec& spec) {
   auto ctx = impl_->Context();
   absl::Status s = FromGrpc(impl_->tasks->Create(ctx.get(), req, &res),
                             absl::StrCat("cannot create task ", spec.id));
-  if (!s.ok()) {
-    // No container without its task.
-    containers::DeleteContainerRequest del;
-    del.set_id(spec.id);
-    google::protobuf::Empty empty;
-    auto dctx = impl_->Context();
-    impl_->containers->Delete(dctx.get(), del, &empty);
-  }
+  if (!s.ok()) undo(true);  // no container without its task
   return s;
+}
+
+absl::Status Client::RemoveSnapshot(const std::string& key) {
+  snapshots_v1::RemoveSnapshotRequest req;
+  req.set_snapshotter(kSnapshotter);
+  req.set_key(key);
+  google::protobuf::Empty res;
+  auto ctx = impl_->Context();
+  grpc::Status s = impl_->snapshots->Remove(ctx.get(), req, &res);
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) return absl::OkStatus();
+  return FromGrpc(s, "cannot remove snapshot " + key);
 }
 
 absl::Status Client::Start(const std::string& id) {
@@ -185,9 +219,22 @@ absl::Status Client::Delete(const std::string& id) {
   google::protobuf::Empty res;
   auto ctx = impl_->Context();
   grpc::Status s = impl_->containers->Delete(ctx.get(), req, &res);
-  if (s.error_code() == grpc::StatusCode::NOT_FOUND && found)
-    return absl::OkStatus();
-  return FromGrpc(s, absl::StrCat("cannot delete container ", id));
+  if (s.ok()) found = true;
+  if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND)
+    return FromGrpc(s, absl::StrCat("cannot delete container ", id));
+  // An image's container has its root on a snapshot of its id (a container
+  // whose removal was cut short may have left only that).
+  snapshots_v1::StatSnapshotRequest stat;
+  stat.set_snapshotter(kSnapshotter);
+  stat.set_key(id);
+  snapshots_v1::StatSnapshotResponse info;
+  auto sctx = impl_->Context();
+  if (impl_->snapshots->Stat(sctx.get(), stat, &info).ok()) {
+    if (auto r = RemoveSnapshot(id); !r.ok()) return r;
+    found = true;
+  }
+  if (!found) return absl::NotFoundError(absl::StrCat("no container ", id));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> Client::List() {

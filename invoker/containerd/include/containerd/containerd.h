@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,10 +20,34 @@
 
 namespace silt::containerd {
 
+// An image in the namespace's store, its layers unpacked by containerd's
+// overlayfs snapshotter, and what its config says to run.
+struct Image {
+  std::string name;      // normalized ("docker.io/library/hello:latest")
+  std::string digest;    // its manifest's ("sha256:<64 hex>")
+  uint64_t size = 0;     // of its manifest, config and layers as stored
+  std::string chain_id;  // the snapshot of its root (its top layer's chain)
+  std::vector<std::string> entrypoint, cmd, env;
+  std::string working_dir;  // "" for "/"
+  std::string user;
+  std::vector<std::string> exposed_ports;  // "8080/tcp"
+  std::map<std::string, std::string> labels;
+};
+
+// A reference as docker and containerd normalize it: "hello" is
+// "docker.io/library/hello:latest", "me/x:1" "docker.io/me/x:1",
+// "ghcr.io/a/b" "ghcr.io/a/b:latest"; a digest ("x@sha256:…") is kept.
+// InvalidArgument for what is no reference.
+absl::StatusOr<std::string> NormalizeImageName(const std::string& ref);
+
 // What one container runs (made into its OCI runtime spec by the client).
 struct ContainerSpec {
-  std::string id;      // unique in the namespace
-  std::string rootfs;  // a directory, bind-mounted as the root
+  std::string id;  // unique in the namespace
+  // Its root: an image of the namespace (a name as Image::name, or as a
+  // user wrote it), on a snapshot of its own that Delete removes, or else a
+  // directory, bind-mounted.
+  std::string image;
+  std::string rootfs;
   bool read_only_root = true;
   std::vector<std::string> args;  // args[0]: a path inside the rootfs
   std::vector<std::string> env;   // "K=V"
@@ -62,9 +87,32 @@ class Client {
   // The containers of the namespace, by id.
   absl::StatusOr<std::vector<std::string>> List();
 
+  // Images. Import loads an OCI image layout or a `docker save` archive
+  // (plain or gzipped) into the store and unpacks each image it names for
+  // linux/amd64: the images, InvalidArgument (saying what is wrong) for an
+  // archive that is none of those or whose blobs do not match their
+  // digests, nothing left behind. An image already there under the same
+  // name is replaced.
+  absl::StatusOr<std::vector<Image>> Import(const std::string& archive);
+  // NotFound when there is no such image.
+  absl::StatusOr<Image> GetImage(const std::string& name);
+  absl::StatusOr<std::vector<Image>> ListImages();
+  // Removes the image; its content and snapshots go with containerd's next
+  // garbage collection (at once), unless a container still uses them.
+  // NotFound when there is no such image.
+  absl::Status RemoveImage(const std::string& name);
+  // Counts of what the namespace holds, to see that nothing leaks.
+  struct Usage {
+    size_t containers = 0, images = 0, content_blobs = 0, snapshots = 0,
+           leases = 0;
+  };
+  absl::StatusOr<Usage> CountUsage();
+
+  struct Impl;  // the library's own (client_impl.h)
+
  private:
-  struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
+  absl::Status RemoveSnapshot(const std::string& key);  // OK when none
   std::unique_ptr<Impl> impl_;
 };
 
