@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "archive_names.h"
 #include "client_impl.h"
 #include "random_id.h"
 #include "tar_reader.h"
@@ -40,9 +41,7 @@ constexpr char kLayerTarGzip[] = "application/vnd.oci.image.layer.v1.tar+gzip";
 constexpr uint64_t kMaxMetadata = 4 << 20;
 constexpr size_t kWriteChunk = 1 << 20;
 
-absl::Status Invalid(absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("bad image archive: ", what));
-}
+absl::Status Invalid(absl::string_view what) { return BadArchive(what); }
 
 class Sha256 {
  public:
@@ -209,31 +208,11 @@ class Importer {
     for (const auto& m : index["manifests"]) {
       auto d = ParseDescriptor(m, "a manifest of index.json");
       if (!d.ok()) return d.status();
-      std::string name;
-      if (m.contains("annotations") && m["annotations"].is_object()) {
-        const json& a = m["annotations"];
-        for (const char* key :
-             {"io.containerd.image.name", "org.opencontainers.image.ref.name"})
-          if (a.contains(key) && a[key].is_string()) {
-            std::string v = a[key].get<std::string>();
-            // A bare tag ("latest") names no image by itself.
-            if (absl::StrContains(v, '/') || absl::StrContains(v, ':') ||
-                key[0] == 'i') {
-              name = v;
-              break;
-            }
-          }
-      }
-      if (name.empty())
-        return Invalid(absl::StrCat(
-            "index.json names no image for ", d->digest,
-            " (annotation io.containerd.image.name or "
-            "org.opencontainers.image.ref.name with a repository)"));
-      auto normalized = NormalizeImageName(name);
-      if (!normalized.ok()) return normalized.status();
+      auto name = OciEntryName(m);
+      if (!name.ok()) return name.status();
       auto manifest = PlatformManifest(*d);
       if (!manifest.ok()) return manifest.status();
-      out.emplace_back(*normalized, *manifest);
+      out.emplace_back(*name, *manifest);
     }
     if (out.empty()) return Invalid("index.json lists no manifests");
     return out;
@@ -484,15 +463,9 @@ class Importer {
       auto stored = UploadBytes(bytes);
       if (!stored.ok()) return stored.status();
       Descriptor d{kOciManifest, *stored, bytes.size()};
-      std::vector<std::string> tags = Strings(entry, "RepoTags");
-      if (tags.empty())
-        return Invalid(absl::StrCat("image ", config->digest,
-                                    " has no RepoTags: save it by name"));
-      for (const std::string& tag : tags) {
-        auto name = NormalizeImageName(tag);
-        if (!name.ok()) return name.status();
-        out.emplace_back(*name, d);
-      }
+      auto names = DockerEntryNames(entry);
+      if (!names.ok()) return names.status();
+      for (const std::string& name : *names) out.emplace_back(name, d);
     }
     return out;
   }
@@ -514,8 +487,7 @@ class Importer {
       if (s.error_code() != grpc::StatusCode::ALREADY_EXISTS)
         return FromGrpc(s, "cannot store a manifest in containerd");
     } else {
-      if (auto s = Close(*stream, "cannot store a manifest"); !s.ok())
-        return s;
+      if (auto s = Close(*stream, "cannot store a manifest"); !s.ok()) return s;
     }
     Blob b;
     b.digest = digest;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "containerd/archive.h"
 
 namespace silt::containerd {
 
@@ -33,12 +34,6 @@ struct Image {
   std::vector<std::string> exposed_ports;  // "8080/tcp"
   std::map<std::string, std::string> labels;
 };
-
-// A reference as docker and containerd normalize it: "hello" is
-// "docker.io/library/hello:latest", "me/x:1" "docker.io/me/x:1",
-// "ghcr.io/a/b" "ghcr.io/a/b:latest"; a digest ("x@sha256:…") is kept.
-// InvalidArgument for what is no reference.
-absl::StatusOr<std::string> NormalizeImageName(const std::string& ref);
 
 // What one container runs (made into its OCI runtime spec by the client).
 struct ContainerSpec {
