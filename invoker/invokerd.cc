@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", o.data_dir,
                  "Directory for bundles and instances")
       ->required();
+  app.add_option("--containerd", o.containerd,
+                 "containerd's socket for OCI images (default: a containerd "
+                 "of the invoker's own under the data dir)");
   app.add_option("--node-name", o.node_name,
                  "Node name (default: hostname-port)");
   app.add_option("--worker", o.worker_binary,

@@ -29,6 +29,7 @@
 #include "deploy/config.h"
 #include "deploy/http_client.h"
 #include "deploy/stack.h"
+#include "image_cmd.h"
 #include "nlohmann/json.hpp"
 #include "silt/version.h"
 #include "watch.h"
@@ -79,12 +80,15 @@ struct Client {
     }
   }
 
-  HttpResult Call(const std::string& method, const std::string& path,
-                  const std::string& body = "", bool auth = true) const {
+  HttpResult Call(
+      const std::string& method, const std::string& path,
+      const std::string& body = "", bool auth = true,
+      std::chrono::milliseconds timeout = std::chrono::seconds(60)) const {
     HttpCall call;
     call.method = method;
     call.url = gateway + path;
     call.body = body;
+    call.timeout = timeout;
     if (!body.empty())
       call.headers.emplace_back("Content-Type", "application/json");
     if (auth) Authorize(call);
@@ -1322,6 +1326,31 @@ int RunCli(int argc, char** argv) {
   gw_opt(as_remove);
   as_remove->add_option("CALL_ID", call_ids, "Calls to remove")->required();
 
+  // images
+  auto* image_cmd = app.add_subcommand(
+      "image", "OCI images without a registry: import, list, remove");
+  image_cmd->require_subcommand(1);
+  std::string image_file;
+  std::vector<std::string> image_names;
+  bool image_no_wait = false;
+  auto* im_import = image_cmd->add_subcommand(
+      "import",
+      "Load an image archive (OCI image layout or `docker save` output, "
+      "plain or gzipped) into every node");
+  gw_opt(im_import);
+  im_import->add_option("FILE", image_file, "The archive")->required();
+  im_import->add_flag("--no-wait", image_no_wait,
+                      "Return once the gateway has it, before the nodes");
+  auto* im_list = image_cmd->add_subcommand("list", "List images and nodes");
+  im_list->alias("ls");
+  gw_opt(im_list);
+  im_list->add_option("-o,--output", output, "table or json");
+  auto* im_remove =
+      image_cmd->add_subcommand("remove", "Remove images from every node");
+  im_remove->alias("rm");
+  gw_opt(im_remove);
+  im_remove->add_option("IMAGE", image_names, "Image names")->required();
+
   // local
   LocalOptions local_opts;
   auto* local = app.add_subcommand(
@@ -1625,6 +1654,16 @@ int RunCli(int argc, char** argv) {
       if (*as_list) return AsyncList(send, async_sel, output);
       if (*as_retry) return AsyncRetry(send, call_ids, async_all, async_sel);
       if (*as_remove) return AsyncRemove(send, call_ids);
+    } else if (*image_cmd) {
+      Client c{ResolveGateway(gateway), token};
+      Requester send = [&c](const std::string& m, const std::string& path,
+                            const std::string& body) {
+        // An import waits for every node to unpack the image.
+        return c.Call(m, path, body, true, std::chrono::minutes(10));
+      };
+      if (*im_import) return ImageImport(send, image_file, !image_no_wait);
+      if (*im_list) return ImageList(send, output);
+      if (*im_remove) return ImageRemove(send, image_names);
     } else if (*local) {
       return Local(local_opts);
     }

@@ -157,16 +157,19 @@ absl::Status ValidateName(absl::string_view kind, absl::string_view name) {
 }
 
 Api::Api(store::Store* store, Metrics* metrics, BundleStore* bundles,
-         NodeRegistry* nodes, ApiOptions options, AsyncQueue* async)
+         NodeRegistry* nodes, ApiOptions options, AsyncQueue* async,
+         ImageArchives* images)
     : store_(store),
       metrics_(metrics),
       bundles_(bundles),
       nodes_(nodes),
       options_(std::move(options)),
-      async_(async) {}
+      async_(async),
+      images_(images) {}
 
 size_t Api::BodyLimit(absl::string_view path) const {
   if (path == "/system/bundles") return options_.max_bundle_bytes;
+  if (path == "/system/images") return options_.max_image_archive_bytes;
   if (absl::StartsWith(path, "/function/"))
     return options_.max_function_body_bytes;
   if (absl::StartsWith(path, "/async-function/"))
@@ -297,6 +300,14 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
     SILT_AUTH();
     if (m == "POST") return PushBundle(req);
     if (m == "GET") return ListBundles();
+    return MethodNotAllowed();
+  }
+  if (head == "images" && !has_arg) {
+    route = "/system/images";
+    SILT_AUTH();
+    if (m == "POST") return PushImage(req);
+    if (m == "GET") return ListImages();
+    if (m == "DELETE") return RemoveImage(req);
     return MethodNotAllowed();
   }
   if (head == "nodes" && !has_arg) {

@@ -33,6 +33,9 @@ struct ApiOptions {
   size_t max_function_body_bytes = size_t{1} << 30;  // /function/ (streamed)
   size_t max_async_body_bytes = 32 << 20;            // /async-function/
   size_t max_bundle_bytes = 256 << 20;
+  size_t max_image_archive_bytes = size_t{8} << 30;  // /system/images
+  // How long POST /system/images waits for the nodes to import an archive.
+  std::chrono::milliseconds image_timeout{std::chrono::minutes(5)};
   // Longest a function call may take end to end (exec_timeout shortens it per
   // function).
   std::chrono::milliseconds upstream_timeout{std::chrono::seconds(60)};
@@ -48,9 +51,11 @@ absl::Status ValidateName(absl::string_view kind, absl::string_view name);
 
 class Api {
  public:
-  // `async` may be null: /async-function then answers 503.
+  // `async` may be null: /async-function then answers 503; so may `images`
+  // (/system/images).
   Api(store::Store* store, Metrics* metrics, BundleStore* bundles,
-      NodeRegistry* nodes, ApiOptions options, AsyncQueue* async = nullptr);
+      NodeRegistry* nodes, ApiOptions options, AsyncQueue* async = nullptr,
+      ImageArchives* images = nullptr);
 
   // The main port (:8080). `reply` may run later, on another thread (function
   // calls).
@@ -86,6 +91,10 @@ class Api {
       Reply& reply);
   absl::StatusOr<HttpResponse> PushBundle(const HttpRequest& req);
   absl::StatusOr<HttpResponse> ListBundles();
+  // OCI images (api_images.cc).
+  absl::StatusOr<HttpResponse> PushImage(const HttpRequest& req);
+  absl::StatusOr<HttpResponse> ListImages();
+  absl::StatusOr<HttpResponse> RemoveImage(const HttpRequest& req);
   absl::StatusOr<HttpResponse> ListNodes();
   absl::StatusOr<HttpResponse> ListSnapshots(const HttpRequest& req,
                                              absl::string_view name);
@@ -127,6 +136,7 @@ class Api {
   NodeRegistry* nodes_;
   ApiOptions options_;
   AsyncQueue* async_;
+  ImageArchives* images_;
   // Serialises read-check-write sequences (deploy, update, scale, namespace
   // removal).
   std::mutex write_mu_;

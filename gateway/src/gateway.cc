@@ -34,6 +34,7 @@ struct Gateway::Impl {
   std::unique_ptr<store::Store> store;
   Metrics metrics;
   std::unique_ptr<BundleStore> bundles;
+  std::unique_ptr<ImageArchives> images;
   std::unique_ptr<Api> api;
   Credentials credentials;
   std::string secrets_key_file;
@@ -114,8 +115,8 @@ absl::Status SecureDataDir(const std::string& dir) {
         dir, st.st_mode & 07777));
   }
   size_t files = 0;
-  for (std::string d :
-       {dir, dir + "/store", dir + "/secrets", dir + "/bundles"}) {
+  for (std::string d : {dir, dir + "/store", dir + "/secrets", dir + "/bundles",
+                        dir + "/images"}) {
     mode_t was = 0;
     auto changed = MakeOwnerOnly(d, &was);
     if (!changed.ok()) return changed.status();
@@ -212,6 +213,8 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   api_options.upstream_timeout = options.upstream_timeout;
   impl->bundles = std::make_unique<BundleStore>(impl->store.get(),
                                                 options.data_dir + "/bundles");
+  impl->images = std::make_unique<ImageArchives>(impl->store.get(),
+                                                 options.data_dir + "/images");
   NodeRegistryOptions node_options{.listen = options.grpc_listen,
                                    .node_timeout = options.node_timeout};
   node_options.rebalancer.enabled = options.rebalance;
@@ -230,9 +233,9 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
     impl->iocs.push_back(std::make_unique<boost::asio::io_context>(1));
     impl->contexts.push_back(impl->iocs.back().get());
   }
-  auto nodes =
-      NodeRegistry::Start(node_options, impl->contexts, impl->store.get(),
-                          impl->bundles.get(), &impl->metrics);
+  auto nodes = NodeRegistry::Start(node_options, impl->contexts,
+                                   impl->store.get(), impl->bundles.get(),
+                                   impl->images.get(), &impl->metrics);
   if (!nodes.ok()) return nodes.status();
   impl->nodes = *std::move(nodes);
   AsyncQueueOptions async_options;
@@ -245,9 +248,9 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
       AsyncQueue::Start(async_options, impl->store.get(), impl->nodes.get());
   if (!async.ok()) return async.status();
   impl->async = *std::move(async);
-  impl->api = std::make_unique<Api>(impl->store.get(), &impl->metrics,
-                                    impl->bundles.get(), impl->nodes.get(),
-                                    std::move(api_options), impl->async.get());
+  impl->api = std::make_unique<Api>(
+      impl->store.get(), &impl->metrics, impl->bundles.get(), impl->nodes.get(),
+      std::move(api_options), impl->async.get(), impl->images.get());
 
   Api* api = impl->api.get();
   HttpServerOptions http;
@@ -255,7 +258,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
     return api->BodyLimit(path);
   };
   http.streams = [](absl::string_view path) {
-    return absl::StartsWith(path, "/function/");
+    return absl::StartsWith(path, "/function/") || path == "/system/images";
   };
   http.header_timeout = options.read_timeout;
   http.body_timeout = options.read_timeout;

@@ -45,7 +45,7 @@ NodeRegistry::~NodeRegistry() = default;
 absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
     const NodeRegistryOptions& options,
     const std::vector<boost::asio::io_context*>& contexts, store::Store* store,
-    BundleStore* bundles, Metrics* metrics) {
+    BundleStore* bundles, ImageArchives* images, Metrics* metrics) {
   if (contexts.empty())
     return absl::InvalidArgumentError("the node registry needs an io_context");
   auto impl = std::make_unique<Impl>();
@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
   impl->metrics = metrics;
   impl->store = store;
   impl->bundles = bundles;
+  impl->images = images;
   auto key = store->Get(store::Table::kMeta, kDataKeyKey);
   if (key.ok() && key->size() == kDataKeyBytes) {
     impl->data_key = *std::move(key);
@@ -104,6 +105,24 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
 std::string NodeRegistry::address() const { return impl_->address; }
 
 Directory* NodeRegistry::directory() { return impl_->directory.get(); }
+
+std::set<std::string> NodeRegistry::ImagesChanged() {
+  control::GatewayMessage m = impl_->ImageSetMessage();
+  std::vector<std::shared_ptr<Impl::Node>> to;
+  std::set<std::string> names;
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    for (const auto& [name, node] : impl_->nodes) {
+      to.push_back(node);
+      names.insert(name);
+    }
+  }
+  for (auto& node : to) {
+    std::lock_guard<std::mutex> w(node->write_mu);
+    if (node->stream) node->stream->Write(m);
+  }
+  return names;
+}
 
 void NodeRegistry::FunctionsChanged() {
   {

@@ -17,6 +17,7 @@
 #include "bundles.h"
 #include "directory.h"
 #include "http_types.h"
+#include "images.h"
 #include "invoker/call_wire.h"
 #include "metrics.h"
 #include "rebalancer.h"
@@ -138,7 +139,8 @@ class NodeRegistry {
   static absl::StatusOr<std::unique_ptr<NodeRegistry>> Start(
       const NodeRegistryOptions& options,
       const std::vector<boost::asio::io_context*>& contexts,
-      store::Store* store, BundleStore* bundles, Metrics* metrics = nullptr);
+      store::Store* store, BundleStore* bundles, ImageArchives* images,
+      Metrics* metrics = nullptr);
   ~NodeRegistry();
 
   std::string address() const;
@@ -147,6 +149,9 @@ class NodeRegistry {
   // The function table changed (deploy, update, delete, scale, secret): rebuild
   // the specs and send every node its new assignment.
   void FunctionsChanged();
+  // The image catalog changed (silt image import, remove): send every node
+  // the images it keeps. The names of the nodes connected now.
+  std::set<std::string> ImagesChanged();
   // Routes one call to a node. `done` runs on an io_context thread (or here).
   // NotFound: no such function; Unavailable: no node can run it;
   // DeadlineExceeded: it timed out.

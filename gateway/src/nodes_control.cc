@@ -199,6 +199,11 @@ grpc::Status NodeRegistry::Impl::Connect(
   }
   SendAssignments();
   SendClusterView();
+  if (images) {
+    control::GatewayMessage m = ImageSetMessage();
+    std::lock_guard<std::mutex> w(node->write_mu);
+    stream->Write(m);
+  }
   std::vector<std::shared_ptr<Call>> waiting;
   {
     std::lock_guard<std::mutex> l(mu);
@@ -209,6 +214,18 @@ grpc::Status NodeRegistry::Impl::Connect(
   while (stream->Read(&m)) {
     if (m.has_pulse()) {
       OnPulse(*node, m.pulse());
+      continue;
+    }
+    if (m.has_images()) {
+      if (!images) continue;
+      std::map<std::string, ImageArchives::NodeImage> held;
+      for (const auto& i : m.images().images())
+        held[i.name()] = {i.digest(), i.size()};
+      std::map<std::string, ImageArchives::Failure> failed;
+      for (const auto& f : m.images().failures())
+        failed[f.archive()] = {f.kind() == control::IMAGE_FAILURE_BAD_ARCHIVE,
+                               f.message()};
+      images->Report(node->name, std::move(held), std::move(failed));
       continue;
     }
     if (!m.has_report()) continue;
@@ -250,6 +267,7 @@ grpc::Status NodeRegistry::Impl::Connect(
     }
   }
   if (gone) directory->NodeGone(node->name);
+  if (gone && images) images->NodeGone(node->name);
   {
     std::lock_guard<std::mutex> w(node->write_mu);
     node->stream = nullptr;
@@ -424,6 +442,39 @@ grpc::Status NodeRegistry::Impl::FetchBundle(
   if (!in)
     return grpc::Status(grpc::StatusCode::DATA_LOSS,
                         "bundle file missing on the gateway");
+  std::string buf(1 << 20, '\0');
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    std::streamsize n = in.gcount();
+    if (n <= 0) break;
+    control::BundleChunk chunk;
+    chunk.set_data(buf.data(), static_cast<size_t>(n));
+    if (!writer->Write(chunk)) break;
+  }
+  return grpc::Status::OK;
+}
+
+control::GatewayMessage NodeRegistry::Impl::ImageSetMessage() const {
+  control::GatewayMessage m;
+  auto* set = m.mutable_images();
+  if (images == nullptr) return m;
+  for (const auto& r : images->List()) {
+    auto* w = set->add_images();
+    w->set_name(r.name);
+    w->set_archive(r.archive);
+    w->set_archive_size(r.archive_size);
+  }
+  return m;
+}
+
+grpc::Status NodeRegistry::Impl::FetchArchive(
+    grpc::ServerContext*, const control::FetchArchiveRequest* req,
+    grpc::ServerWriter<control::BundleChunk>* writer) {
+  std::string path = images ? images->PathOf(req->digest()) : "";
+  std::ifstream in(path, std::ios::binary);
+  if (path.empty() || !in)
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        "no image archive " + req->digest());
   std::string buf(1 << 20, '\0');
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));

@@ -142,6 +142,7 @@ struct NodeRegistry::Impl final : public control::Control::Service {
   std::vector<boost::asio::io_context*> contexts;
   store::Store* store;
   BundleStore* bundles;
+  ImageArchives* images;
   Metrics* metrics = nullptr;
   std::unique_ptr<grpc::Server> server;
   std::string address;
@@ -242,6 +243,11 @@ struct NodeRegistry::Impl final : public control::Control::Service {
                             const control::FindSnapshotRequest* req,
                             control::FindSnapshotResponse* res) override;
 
+  grpc::Status FetchArchive(
+      grpc::ServerContext*, const control::FetchArchiveRequest* req,
+      grpc::ServerWriter<control::BundleChunk>* writer) override;
+  // The images every node keeps (ImageSet).
+  control::GatewayMessage ImageSetMessage() const;
   grpc::Status FetchBundle(
       grpc::ServerContext*, const control::FetchBundleRequest* req,
       grpc::ServerWriter<control::BundleChunk>* writer) override;

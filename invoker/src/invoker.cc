@@ -66,6 +66,7 @@ Invoker::Impl::~Impl() {
     server->Shutdown(std::chrono::system_clock::now() +
                      std::chrono::seconds(2));
   if (connector.joinable()) connector.join();
+  container_images.reset();  // an import in progress ends first
   // Calls in flight end first (they use everything below).
   if (call_port) call_port->Stop();
   if (reaper.joinable()) reaper.join();
@@ -355,6 +356,19 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
       options.gateway, grpc::InsecureChannelCredentials(), args);
   impl->control = control::Control::NewStub(impl->gateway_channel);
   Impl* p = impl.get();
+  {
+    ContainerImages::Options co;
+    co.containerd_socket = options.containerd;
+    co.dir = options.data_dir + "/containerd";
+    co.fetch = [p](const std::string& digest, const std::string& path) {
+      return p->FetchArchive(digest, path);
+    };
+    co.changed = [p] {
+      std::lock_guard<std::mutex> l(p->stop_mu);
+      p->stop_cv.notify_all();
+    };
+    impl->container_images = std::make_unique<ContainerImages>(co);
+  }
   {
     ExecutorOptions eo;
     eo.node_name = impl->node_name;

@@ -267,6 +267,7 @@ void Invoker::Impl::ConnectLoop() {
     reg->mutable_capacity()->set_memory_bytes(MemoryCapacity());
     if (stream->Write(hello)) {
       backoff_ms = 100;
+      container_images->ResendReport();
       std::atomic<bool> done{false};
       std::thread reader([&] {
         control::GatewayMessage msg;
@@ -275,6 +276,7 @@ void Invoker::Impl::ConnectLoop() {
           if (msg.has_delete_snapshots())
             DeleteSnapshots(msg.delete_snapshots());
           if (msg.has_cluster()) SetCluster(msg.cluster());
+          if (msg.has_images()) container_images->Want(msg.images());
         }
         done = true;
         std::lock_guard<std::mutex> l(stop_mu);
@@ -295,6 +297,11 @@ void Invoker::Impl::ConnectLoop() {
           control::NodeMessage m;
           *m.mutable_report() = Report(++seq);
           next_report = now + options.report_interval;
+          if (!stream->Write(m)) break;
+        }
+        if (auto images = container_images->TakeReport()) {
+          control::NodeMessage m;
+          *m.mutable_images() = *std::move(images);
           if (!stream->Write(m)) break;
         }
         if (pulses) {

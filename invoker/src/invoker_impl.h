@@ -46,6 +46,7 @@
 #include "call_port.h"
 #include "channel.h"
 #include "cluster_view.h"
+#include "container_images.h"
 #include "executor.h"
 #include "gateway/proto/control.grpc.pb.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -268,6 +269,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::unique_ptr<grpc::Server> server;
   std::shared_ptr<grpc::Channel> gateway_channel;
   std::unique_ptr<control::Control::Stub> control;
+  // OCI images in containerd (silt image import); uses `control`.
+  std::unique_ptr<ContainerImages> container_images;
+  // Streams an image archive from the gateway into `path`.
+  absl::Status FetchArchive(const std::string& digest, const std::string& path);
   LogBook logs;
   std::unique_ptr<LogCollector> collector;
   // Memory proclets held here and the instances' state connections.

@@ -23,6 +23,29 @@ absl::StatusOr<std::string> Invoker::Impl::FetchBundle(
   return tar;
 }
 
+absl::Status Invoker::Impl::FetchArchive(const std::string& digest,
+                                         const std::string& path) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(1));
+  control::FetchArchiveRequest req;
+  req.set_digest(digest);
+  auto reader = control->FetchArchive(&ctx, req);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  control::BundleChunk chunk;
+  while (reader->Read(&chunk))
+    out.write(chunk.data().data(), chunk.data().size());
+  grpc::Status st = reader->Finish();
+  out.close();
+  if (!st.ok())
+    return absl::UnavailableError(
+        absl::StrCat("cannot fetch image archive ", digest,
+                     " from the gateway: ", st.error_message()));
+  if (!out)
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot write image archive ", digest, " to ", path));
+  return absl::OkStatus();
+}
+
 std::unique_ptr<Instance> Invoker::Impl::NewInstance(const FunctionSpec& spec) {
   auto inst = std::make_unique<Instance>();
   inst->id = absl::StrCat(spec.name(), "-", RandomId(8));

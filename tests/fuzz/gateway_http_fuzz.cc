@@ -79,8 +79,9 @@ Target* Start() {
       std::make_unique<BundleStore>(t->store.get(), t->dir + "/bundles");
   NodeRegistryOptions node_options{.listen = "127.0.0.1:0"};
   node_options.rebalancer.enabled = false;
-  auto nodes = NodeRegistry::Start(node_options, {&t->ioc}, t->store.get(),
-                                   t->bundles.get(), &t->metrics);
+  auto nodes =
+      NodeRegistry::Start(node_options, {&t->ioc}, t->store.get(),
+                          t->bundles.get(), /*images=*/nullptr, &t->metrics);
   if (!nodes.ok()) Fail("node registry", nodes.status());
   t->nodes = *std::move(nodes);
   AsyncQueueOptions async_options;

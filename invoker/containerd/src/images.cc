@@ -219,8 +219,9 @@ class Importer {
   }
 
   // Unpacks the image and records it under `name`.
-  absl::StatusOr<Image> Store(const std::string& name,
-                              const Descriptor& manifest_desc) {
+  absl::StatusOr<Image> Store(
+      const std::string& name, const Descriptor& manifest_desc,
+      const std::map<std::string, std::string>& record_labels) {
     auto manifest_bytes = Metadata(manifest_desc.digest, "the manifest");
     if (!manifest_bytes.ok()) return manifest_bytes.status();
     json manifest = json::parse(*manifest_bytes, nullptr, false);
@@ -282,6 +283,7 @@ class Importer {
       return s;
     images_v1::Image record;
     record.set_name(name);
+    for (const auto& [k, v] : record_labels) (*record.mutable_labels())[k] = v;
     record.mutable_target()->set_media_type(manifest_desc.media_type.empty()
                                                 ? kOciManifest
                                                 : manifest_desc.media_type);
@@ -303,7 +305,9 @@ class Importer {
       if (auto st = FromGrpc(s, "cannot record image " + name); !st.ok())
         return st;
     }
-    return ImageFrom(name, manifest_desc.digest, total, parent, config);
+    Image image = ImageFrom(name, manifest_desc.digest, total, parent, config);
+    image.record_labels = record_labels;
+    return image;
   }
 
  private:
@@ -632,7 +636,9 @@ class Importer {
   int made_ = 0;
 };
 
-absl::StatusOr<std::vector<Image>> Client::Import(const std::string& archive) {
+absl::StatusOr<std::vector<Image>> Client::Import(
+    const std::string& archive,
+    const std::map<std::string, std::string>& record_labels) {
   Importer importer(impl_.get());
   if (auto s = importer.Begin(); !s.ok()) return s;
   if (auto s = importer.ReadArchive(archive); !s.ok()) return s;
@@ -640,7 +646,7 @@ absl::StatusOr<std::vector<Image>> Client::Import(const std::string& archive) {
   if (!named.ok()) return named.status();
   std::vector<Image> images;
   for (const auto& [name, manifest] : *named) {
-    auto image = importer.Store(name, manifest);
+    auto image = importer.Store(name, manifest, record_labels);
     if (!image.ok()) {
       // All or nothing: the archive's images stored so far go too.
       for (const Image& done : images) RemoveImage(done.name).IgnoreError();
@@ -709,8 +715,10 @@ absl::StatusOr<Image> Describe(Client::Impl* impl,
     chain =
         chain.empty() ? diff_id : Sha256Of(absl::StrCat(chain, " ", diff_id));
   if (chain.empty()) return broken("has no layers");
-  return Importer::ImageFrom(name, record.target().digest(), size, chain,
-                             config);
+  Image image =
+      Importer::ImageFrom(name, record.target().digest(), size, chain, config);
+  for (const auto& [k, v] : record.labels()) image.record_labels[k] = v;
+  return image;
 }
 
 }  // namespace

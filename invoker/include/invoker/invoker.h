@@ -47,6 +47,9 @@ struct Options {
   // quota and memory limit; each instance's own limits apply below it). 0:
   // the machine's, not limited.
   uint32_t cpus = 0;
+  // containerd's socket for OCI images and containers; empty: the invoker
+  // runs its own under DATA_DIR/containerd when the first image comes.
+  std::string containerd;
   uint64_t memory_bytes = 0;
 };
 

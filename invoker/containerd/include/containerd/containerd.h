@@ -31,8 +31,10 @@ struct Image {
   std::vector<std::string> entrypoint, cmd, env;
   std::string working_dir;  // "" for "/"
   std::string user;
-  std::vector<std::string> exposed_ports;  // "8080/tcp"
-  std::map<std::string, std::string> labels;
+  std::vector<std::string> exposed_ports;     // "8080/tcp"
+  std::map<std::string, std::string> labels;  // its config's
+  // The labels of its record in containerd (Import's `record_labels`).
+  std::map<std::string, std::string> record_labels;
 };
 
 // What one container runs (made into its OCI runtime spec by the client).
@@ -87,8 +89,10 @@ class Client {
   // linux/amd64: the images, InvalidArgument (saying what is wrong) for an
   // archive that is none of those or whose blobs do not match their
   // digests, nothing left behind. An image already there under the same
-  // name is replaced.
-  absl::StatusOr<std::vector<Image>> Import(const std::string& archive);
+  // name is replaced. Its records carry `record_labels`.
+  absl::StatusOr<std::vector<Image>> Import(
+      const std::string& archive,
+      const std::map<std::string, std::string>& record_labels = {});
   // NotFound when there is no such image.
   absl::StatusOr<Image> GetImage(const std::string& name);
   absl::StatusOr<std::vector<Image>> ListImages();

@@ -1,0 +1,178 @@
+// OCI images without a registry, as a user runs them: `silt image import` of
+// archives made at test time (tests/images/make-oci-image.sh) through the
+// real gateway into every node's containerd (each invoker's own), `silt
+// image list` with the nodes that hold them, bad archives refused with 400
+// and nothing kept, a node that joins later importing what the cluster
+// holds, the catalog surviving a gateway restart, and `silt image remove`
+// leaving no image, blob, snapshot or lease in any node's containerd.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/cluster.h"
+#include "containerd/containerd.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace silt::testing {
+namespace {
+
+using nlohmann::json;
+
+class ImagesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (containerd, namespaces)";
+    if (access("/usr/bin/containerd", X_OK) != 0 ||
+        access("/usr/sbin/runc", X_OK) != 0)
+      GTEST_SKIP()
+          << "containerd or runc is not installed: run deploy/setup.sh";
+    if (access("/bin/busybox", X_OK) != 0)
+      GTEST_SKIP() << "busybox-static is not installed: run deploy/setup.sh";
+    dir_ = MakeTempDir("img");
+    auto c = Cluster::Start(dir_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = *std::move(c);
+    for (const char* n : {"node-a", "node-b"})
+      ASSERT_TRUE(cluster_->AddNode({.name = n}).ok());
+    ASSERT_TRUE(cluster_->WaitNodes(2).ok());
+    // The image: a busybox root and a layer with a script.
+    std::string root = dir_ + "/rootfs", top = dir_ + "/top";
+    std::filesystem::create_directories(root + "/bin");
+    std::filesystem::copy_file("/bin/busybox", root + "/bin/busybox");
+    std::filesystem::create_symlink("busybox", root + "/bin/sh");
+    std::filesystem::create_directories(top);
+    std::ofstream(top + "/run.sh") << "echo hello\n";
+    archive_ = dir_ + "/hello.tar";
+    auto r =
+        RunCommand({SILT_SOURCE_DIR "/tests/images/make-oci-image.sh", "--name",
+                    "silt/hello:1", "--layer", root, "--layer", top, "-o",
+                    archive_, "--cmd", R"(["/bin/sh","/run.sh"])"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+
+  void TearDown() override {
+    cluster_.reset();
+    if (!dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
+    }
+  }
+
+  json List() {
+    auto r = cluster_->Silt({"image", "list", "-o", "json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return json::parse(r.out, nullptr, false);
+  }
+
+  // The nodes `silt image list` says hold `name`.
+  std::set<std::string> Holders(const std::string& name) {
+    std::set<std::string> nodes;
+    for (const auto& i : List())
+      if (i.value("name", "") == name)
+        for (const auto& n : i["nodes"]) nodes.insert(n.get<std::string>());
+    return nodes;
+  }
+
+  // What the node's own containerd holds in the invoker's namespace.
+  containerd::Client::Usage NodeUsage(const std::string& node) {
+    auto c = containerd::Client::Connect(
+        dir_ + "/" + node + "/containerd/containerd.sock", "silt");
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return {};
+    auto u = (*c)->CountUsage();
+    EXPECT_TRUE(u.ok()) << u.status();
+    return u.ok() ? *u : containerd::Client::Usage{};
+  }
+
+  std::string dir_, archive_;
+  std::unique_ptr<Cluster> cluster_;
+};
+
+TEST_F(ImagesTest, ImportListJoinRestartRemove) {
+  auto r = cluster_->Silt({"image", "import", archive_});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(
+      absl::StrContains(r.out, "Imported docker.io/silt/hello:1 on 2 nodes"))
+      << r.out;
+  json list = List();
+  ASSERT_EQ(list.size(), 1u) << list.dump();
+  EXPECT_EQ(list[0]["name"], "docker.io/silt/hello:1");
+  EXPECT_TRUE(
+      absl::StartsWith(list[0]["digest"].get<std::string>(), "sha256:"));
+  EXPECT_EQ(Holders("docker.io/silt/hello:1"),
+            (std::set<std::string>{"node-a", "node-b"}));
+  for (const char* n : {"node-a", "node-b"}) {
+    auto u = NodeUsage(n);
+    EXPECT_EQ(u.images, 1u) << n;
+    EXPECT_EQ(u.snapshots, 2u) << n;
+    EXPECT_EQ(u.leases, 0u) << n;
+  }
+
+  // A node that joins later imports what the cluster holds.
+  ASSERT_TRUE(cluster_->AddNode({.name = "node-c"}).ok());
+  ASSERT_TRUE(cluster_->WaitNodes(3).ok());
+  EXPECT_TRUE(Eventually(
+      [&] { return Holders("docker.io/silt/hello:1").contains("node-c"); }));
+
+  // The catalog outlives the gateway.
+  ASSERT_TRUE(cluster_->RestartGateway(SIGKILL).ok());
+  ASSERT_TRUE(cluster_->WaitNodes(3).ok());
+  EXPECT_TRUE(Eventually(
+      [&] { return Holders("docker.io/silt/hello:1").size() == 3; }));
+
+  r = cluster_->Silt({"image", "remove", "silt/hello:1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(List().empty());
+  for (const char* n : {"node-a", "node-b", "node-c"})
+    EXPECT_TRUE(Eventually([&] {
+      auto u = NodeUsage(n);
+      return u.images + u.content_blobs + u.snapshots + u.leases == 0;
+    })) << n;
+  r = cluster_->Silt({"image", "remove", "silt/hello:1"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "404")) << r.err;
+}
+
+TEST_F(ImagesTest, BadArchivesAreRefusedAndNothingKept) {
+  // Not an archive at all: the gateway says so itself.
+  std::ofstream(dir_ + "/junk.tar") << std::string(4096, 'x');
+  auto r = cluster_->Silt({"image", "import", dir_ + "/junk.tar"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "400")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "not a tar archive")) << r.err;
+  // A layer that is not what its digest says: the nodes find it out.
+  std::string x = dir_ + "/x";
+  std::filesystem::create_directories(x);
+  ASSERT_EQ(RunCommand({"/bin/tar", "-C", x, "-xf", archive_}).exit_code, 0);
+  for (const auto& e : std::filesystem::directory_iterator(x + "/blobs/sha256"))
+    if (std::filesystem::file_size(e.path()) > 100'000)
+      std::ofstream(e.path(), std::ios::app) << "tampered";
+  std::string tampered = dir_ + "/tampered.tar";
+  ASSERT_EQ(RunCommand({"/bin/tar", "-C", x, "-cf", tampered, "."}).exit_code,
+            0);
+  r = cluster_->Silt({"image", "import", tampered});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "400")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "does not match its digest")) << r.err;
+  EXPECT_TRUE(List().empty());
+  for (const char* n : {"node-a", "node-b"})
+    EXPECT_TRUE(Eventually([&] {
+      auto u = NodeUsage(n);
+      return u.images + u.content_blobs + u.snapshots + u.leases == 0;
+    })) << n;
+  // The gateway kept no archive either.
+  size_t kept = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(dir_ + "/gateway/images"))
+    kept += e.is_regular_file();
+  EXPECT_EQ(kept, 0u);
+}
+
+}  // namespace
+}  // namespace silt::testing
