@@ -31,7 +31,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev nginx-light redis-server redis-tools
   clang libclang-rt-dev
   # runtimes
-  containerd runc iproute2 busybox-static
+  containerd runc iproute2 busybox-static containernetworking-plugins
   # CRIU saves and restores network namespaces with iptables-save/-restore
   iptables
   # CRIU build dependencies

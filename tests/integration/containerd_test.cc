@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "common/process.h"
+#include "containerd/cni.h"
 #include "gtest/gtest.h"
 
 namespace silt::containerd {
@@ -54,7 +55,8 @@ class ContainerdTest : public ::testing::Test {
     for (const char* d : {"/proc", "/dev", "/sys", "/tmp"})
       std::filesystem::create_directories(rootfs_ + d);
     std::filesystem::copy_file("/bin/busybox", rootfs_ + "/bin/busybox");
-    for (const char* applet : {"sh", "echo", "sleep", "touch", "cat"})
+    for (const char* applet :
+         {"sh", "echo", "sleep", "touch", "cat", "ip", "ping"})
       std::filesystem::create_symlink("busybox", rootfs_ + "/bin/" + applet);
     auto usage = client_->CountUsage();
     ASSERT_TRUE(usage.ok()) << usage.status();
@@ -115,7 +117,8 @@ class ContainerdTest : public ::testing::Test {
                                         "8080/tcp"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     if (gzip) {
-      EXPECT_EQ(silt::testing::RunCommand({"/bin/gzip", "-n", out}).exit_code, 0);
+      EXPECT_EQ(silt::testing::RunCommand({"/bin/gzip", "-n", out}).exit_code,
+                0);
       out += ".gz";
     }
     return out;
@@ -301,20 +304,71 @@ TEST_F(ContainerdTest, RefusesBrokenArchivesLeavingNothing) {
   // A blob that is not what its name says.
   std::string x = dir_ + "/x";
   std::filesystem::create_directories(x);
-  ASSERT_EQ(silt::testing::RunCommand({"/bin/tar", "-C", x, "-xf", good}).exit_code,
-            0);
+  ASSERT_EQ(
+      silt::testing::RunCommand({"/bin/tar", "-C", x, "-xf", good}).exit_code,
+      0);
   std::string blob;
   for (const auto& e : std::filesystem::directory_iterator(x + "/blobs/sha256"))
     if (std::filesystem::file_size(e.path()) > 100'000) blob = e.path();
   ASSERT_FALSE(blob.empty());
   std::ofstream(blob, std::ios::app) << "tampered";
   std::string tampered = dir_ + "/tampered.tar";
-  ASSERT_EQ(silt::testing::RunCommand({"/bin/tar", "-C", x, "-cf", tampered, "."})
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      silt::testing::RunCommand({"/bin/tar", "-C", x, "-cf", tampered, "."})
+          .exit_code,
+      0);
   refused(tampered, "does not match its digest");
   // The good one still imports.
   EXPECT_TRUE(client_->Import(good).ok());
+}
+
+TEST_F(ContainerdTest, ContainersGetAnAddressOnTheBridgeThroughCni) {
+  if (access("/usr/lib/cni/bridge", X_OK) != 0)
+    GTEST_SKIP() << "containernetworking-plugins is not installed: run "
+                    "deploy/setup.sh";
+  // A bridge and subnet of this test's own, removed at its end.
+  std::string bridge = absl::StrCat("silt-t", getpid() % 100000);
+  CniOptions o;
+  o.bridge = bridge;
+  o.subnet = "10.199.7.0/24";
+  o.state_dir = dir_ + "/cni";
+  auto cni = Cni::Create(o);
+  ASSERT_TRUE(cni.ok()) << cni.status();
+  struct DropBridge {
+    std::string name;
+    ~DropBridge() {
+      silt::testing::RunCommand({"/usr/sbin/ip", "link", "del", name});
+    }
+  } drop{bridge};
+  std::vector<std::string> addresses;
+  for (const char* id : {"net-a", "net-b"}) {
+    auto net = (*cni)->Add(id);
+    ASSERT_TRUE(net.ok()) << net.status();
+    addresses.push_back(net->ip);
+    auto spec = Spec(id, "ip -4 addr show eth0; ping -c 1 -W 5 10.199.7.1");
+    spec.netns = net->netns;
+    ASSERT_TRUE(client_->Create(spec).ok());
+    auto pid = client_->Pid(id);
+    ASSERT_TRUE(pid.ok()) << pid.status();
+    EXPECT_GT(*pid, 0);
+    ASSERT_TRUE(client_->Start(id).ok());
+    auto exit = client_->Wait(id, seconds(30));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    ASSERT_TRUE(client_->Delete(id).ok());
+    // After the container: its namespace held the address until now.
+    EXPECT_TRUE((*cni)->Del(id).ok());
+    std::string log = ReadFile(dir_ + "/" + id + ".log");
+    EXPECT_EQ(*exit, 0u) << log;  // reached the bridge (its gateway)
+    EXPECT_TRUE(absl::StrContains(log, "inet " + net->ip + "/24")) << log;
+  }
+  EXPECT_TRUE(absl::StartsWith(addresses[0], "10.199.7."));
+  EXPECT_NE(addresses[0], addresses[1]);
+  // No rule is left behind, nor a namespace; a second Del is no error.
+  auto rules =
+      silt::testing::RunCommand({"/usr/sbin/iptables", "-t", "nat", "-S"});
+  EXPECT_FALSE(absl::StrContains(rules.out, "10.199.7.")) << rules.out;
+  EXPECT_TRUE(std::filesystem::is_empty(dir_ + "/cni/netns"));
+  EXPECT_TRUE((*cni)->Del("net-a").ok());
 }
 
 TEST(ImageNameTest, NormalizesAsDockerAndContainerdDo) {

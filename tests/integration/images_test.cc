@@ -5,6 +5,7 @@
 // and nothing kept, a node that joins later importing what the cluster
 // holds, the catalog surviving a gateway restart, and `silt image remove`
 // leaving no image, blob, snapshot or lease in any node's containerd.
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -137,6 +138,46 @@ TEST_F(ImagesTest, ImportListJoinRestartRemove) {
   r = cluster_->Silt({"image", "remove", "silt/hello:1"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(absl::StrContains(r.err, "404")) << r.err;
+}
+
+// The pid of the node's own containerd (its pid file).
+pid_t ContainerdPid(const std::string& dir, const std::string& node) {
+  std::ifstream in(dir + "/" + node + "/containerd/containerd.pid");
+  pid_t pid = 0;
+  in >> pid;
+  return pid;
+}
+
+TEST_F(ImagesTest, SurvivesItsContainerdAndInvokerDying) {
+  auto r = cluster_->Silt({"image", "import", archive_});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // containerd killed: the invoker starts it again for the next image, and
+  // what it held (on disk) is still there.
+  pid_t before = ContainerdPid(dir_, "node-a");
+  ASSERT_GT(before, 0);
+  ASSERT_EQ(kill(before, SIGKILL), 0);
+  std::string second = dir_ + "/second.tar";
+  r = RunCommand({SILT_SOURCE_DIR "/tests/images/make-oci-image.sh", "--name",
+                  "silt/second:1", "--layer", dir_ + "/top", "-o", second});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = cluster_->Silt({"image", "import", second});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "on 2 nodes")) << r.out;
+  EXPECT_NE(ContainerdPid(dir_, "node-a"), before);
+  EXPECT_EQ(NodeUsage("node-a").images, 2u);
+  // The invoker killed: containerd runs on, and the restarted invoker adopts
+  // it and still reports both images.
+  pid_t ctrd = ContainerdPid(dir_, "node-b");
+  cluster_->StopNode("node-b", SIGKILL);
+  ASSERT_EQ(kill(ctrd, 0), 0) << "containerd died with its invoker";
+  ASSERT_TRUE(cluster_->WaitNodes(1).ok());
+  ASSERT_TRUE(cluster_->AddNode({.name = "node-b"}).ok());
+  ASSERT_TRUE(cluster_->WaitNodes(2).ok());
+  EXPECT_TRUE(Eventually([&] {
+    return Holders("docker.io/silt/hello:1").contains("node-b") &&
+           Holders("docker.io/silt/second:1").contains("node-b");
+  }));
+  EXPECT_EQ(ContainerdPid(dir_, "node-b"), ctrd);
 }
 
 TEST_F(ImagesTest, BadArchivesAreRefusedAndNothingKept) {

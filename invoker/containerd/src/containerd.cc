@@ -169,6 +169,18 @@ absl::Status Client::Start(const std::string& id) {
                   absl::StrCat("cannot start task ", id));
 }
 
+absl::StatusOr<pid_t> Client::Pid(const std::string& id) {
+  tasks::GetRequest req;
+  req.set_container_id(id);
+  tasks::GetResponse res;
+  auto ctx = impl_->Context();
+  if (auto s = FromGrpc(impl_->tasks->Get(ctx.get(), req, &res),
+                        absl::StrCat("no task ", id));
+      !s.ok())
+    return s;
+  return static_cast<pid_t>(res.process().pid());
+}
+
 absl::StatusOr<uint32_t> Client::Wait(const std::string& id,
                                       std::chrono::milliseconds timeout) {
   tasks::WaitRequest req;

@@ -67,9 +67,11 @@ std::string OciSpecJson(const ContainerSpec& spec, const std::string& ns) {
       {"devices", json::array({{{"allow", false}, {"access", "rwm"}}})}};
   if (spec.memory_limit_bytes > 0)
     resources["memory"] = {{"limit", spec.memory_limit_bytes}};
+  json network = {{"type", "network"}};
+  if (!spec.netns.empty()) network["path"] = spec.netns;
   json linux = {
       {"namespaces", json::array({{{"type", "pid"}},
-                                  {{"type", "network"}},
+                                  network,
                                   {{"type", "ipc"}},
                                   {{"type", "uts"}},
                                   {{"type", "mount"}}})},

@@ -49,6 +49,9 @@ struct ContainerSpec {
   std::vector<std::string> args;  // args[0]: a path inside the rootfs
   std::vector<std::string> env;   // "K=V"
   std::string cwd = "/";
+  // The network namespace to join (a path: Cni::Attachment::netns); empty:
+  // a new one with nothing in it.
+  std::string netns;
   uint64_t memory_limit_bytes = 0;  // 0: none of its own
   // The file (a host path) its stdout and stderr are appended to, together
   // (containerd's runc shim writes both streams of a file:// to it); whole
@@ -73,6 +76,9 @@ class Client {
   // AlreadyExists when the id is taken.
   absl::Status Create(const ContainerSpec& spec);
   absl::Status Start(const std::string& id);
+  // The pid of the container's task (its init process, e.g. for
+  // /proc/PID/ns/net). NotFound when it has no task.
+  absl::StatusOr<pid_t> Pid(const std::string& id);
   // Waits for the task to exit: its exit status. DeadlineExceeded after
   // `timeout` (the task runs on).
   absl::StatusOr<uint32_t> Wait(const std::string& id,

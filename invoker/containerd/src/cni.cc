@@ -1,0 +1,203 @@
+#include "containerd/cni.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <spawn.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+extern char** environ;
+
+namespace silt::containerd {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kVersion[] = "0.4.0";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Cni>> Cni::Create(CniOptions options) {
+  for (const char* p : {"bridge", "host-local", "loopback"})
+    if (access((options.plugin_dir + "/" + p).c_str(), X_OK) != 0)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the CNI plugin ", p, " is not in ", options.plugin_dir,
+          ": install containernetworking-plugins (deploy/setup.sh)"));
+  if (options.state_dir.empty())
+    return absl::InvalidArgumentError("CNI needs a state directory");
+  return std::unique_ptr<Cni>(new Cni(std::move(options)));
+}
+
+absl::StatusOr<std::string> Cni::Run(const std::string& plugin,
+                                     const std::string& command,
+                                     const std::string& id,
+                                     const std::string& netns,
+                                     const std::string& ifname,
+                                     const std::string& config) {
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    close(in[0]);
+    close(in[1]);
+    return absl::InternalError("pipe failed");
+  }
+  std::string path = options_.plugin_dir + "/" + plugin;
+  std::vector<std::string> env = {"CNI_COMMAND=" + command,
+                                  "CNI_CONTAINERID=" + id,
+                                  "CNI_NETNS=" + netns,
+                                  "CNI_IFNAME=" + ifname,
+                                  "CNI_PATH=" + options_.plugin_dir,
+                                  "PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
+  std::vector<char*> envp, argv = {path.data(), nullptr};
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 2);
+  pid_t pid = -1;
+  int err =
+      posix_spawn(&pid, path.c_str(), &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  if (err != 0) {
+    close(in[1]);
+    close(out[0]);
+    return absl::InternalError(
+        absl::StrCat("cannot run ", path, ": ", strerror(err)));
+  }
+  // The config is small (under a pipe's buffer): written whole, then the
+  // result read to its end.
+  const char* p = config.data();
+  size_t left = config.size();
+  while (left > 0) {
+    ssize_t n = write(in[1], p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  close(in[1]);
+  std::string result;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = read(out[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    result.append(buf, static_cast<size_t>(n));
+  }
+  close(out[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return result;
+  // A plugin's error is a JSON object: {"code", "msg", "details"}.
+  json j = json::parse(result, nullptr, false);
+  std::string why = j.is_object() && j.contains("msg") && j["msg"].is_string()
+                        ? j["msg"].get<std::string>()
+                        : std::string(absl::StripAsciiWhitespace(result));
+  if (j.is_object() && j.contains("details") && j["details"].is_string() &&
+      !j["details"].get<std::string>().empty())
+    absl::StrAppend(&why, ": ", j["details"].get<std::string>());
+  return absl::UnavailableError(
+      absl::StrCat("CNI ", plugin, " ", command, " for ", id, ": ", why));
+}
+
+std::string Cni::BridgeConfig() const {
+  json net = {{"cniVersion", kVersion},
+              {"name", "silt"},
+              {"type", "bridge"},
+              {"bridge", options_.bridge},
+              {"isGateway", true},
+              {"ipMasq", true},
+              {"ipam",
+               {{"type", "host-local"},
+                {"subnet", options_.subnet},
+                {"dataDir", options_.state_dir},
+                {"routes", {{{"dst", "0.0.0.0/0"}}}}}}};
+  return net.dump();
+}
+
+std::string Cni::NetnsPath(const std::string& id) const {
+  return options_.state_dir + "/netns/" + id;
+}
+
+absl::StatusOr<Cni::Attachment> Cni::Add(const std::string& id) {
+  Attachment a;
+  a.netns = NetnsPath(id);
+  std::error_code ec;
+  std::filesystem::create_directories(options_.state_dir + "/netns", ec);
+  int fd = open(a.netns.c_str(), O_CREAT | O_EXCL | O_RDONLY | O_CLOEXEC, 0444);
+  if (fd < 0)
+    return errno == EEXIST
+               ? absl::AlreadyExistsError(
+                     absl::StrCat("container ", id, " has a network already"))
+               : absl::InternalError(absl::StrCat("cannot create ", a.netns,
+                                                  ": ", strerror(errno)));
+  close(fd);
+  // A thread of its own enters a new namespace (only it: unshare acts on the
+  // calling thread) and pins it to the file before it ends.
+  int err = 0;
+  std::thread([&] {
+    if (unshare(CLONE_NEWNET) != 0 ||
+        mount("/proc/thread-self/ns/net", a.netns.c_str(), nullptr, MS_BIND,
+              nullptr) != 0)
+      err = errno;
+  }).join();
+  if (err != 0) {
+    unlink(a.netns.c_str());
+    return absl::InternalError(absl::StrCat(
+        "cannot make a network namespace for ", id, ": ", strerror(err)));
+  }
+  json lo = {{"cniVersion", kVersion}, {"name", "lo"}, {"type", "loopback"}};
+  absl::StatusOr<std::string> r =
+      Run("loopback", "ADD", id, a.netns, "lo", lo.dump());
+  if (r.ok()) r = Run("bridge", "ADD", id, a.netns, "eth0", BridgeConfig());
+  if (r.ok()) {
+    json result = json::parse(*r, nullptr, false);
+    if (result.is_object() && result.contains("ips") &&
+        result["ips"].is_array())
+      for (const auto& ip : result["ips"])
+        if (ip.is_object() && ip.contains("address") &&
+            ip["address"].is_string()) {
+          std::string addr = ip["address"].get<std::string>();
+          a.ip = addr.substr(0, addr.find('/'));
+          break;
+        }
+    if (a.ip.empty())
+      r = absl::InternalError(
+          absl::StrCat("CNI bridge gave ", id, " no address: ", *r));
+  }
+  if (!r.ok()) {
+    Del(id).IgnoreError();
+    return r.status();
+  }
+  return a;
+}
+
+absl::Status Cni::Del(const std::string& id) {
+  std::string netns = NetnsPath(id);
+  bool pinned = access(netns.c_str(), F_OK) == 0;
+  // Without its namespace the plugin still gives the address back.
+  auto r =
+      Run("bridge", "DEL", id, pinned ? netns : "", "eth0", BridgeConfig());
+  if (pinned) {
+    umount2(netns.c_str(), MNT_DETACH);
+    unlink(netns.c_str());
+  }
+  return r.ok() ? absl::OkStatus() : r.status();
+}
+
+}  // namespace silt::containerd
