@@ -106,6 +106,10 @@ absl::Status ImageArchives::Remove(const std::string& name) {
 
 void ImageArchives::RemoveArchive(const std::string& archive) {
   absl::MutexLock l(&mu_);
+  RemoveArchiveLocked(archive);
+}
+
+void ImageArchives::RemoveArchiveLocked(const std::string& archive) {
   store::WriteBatch batch;
   for (auto it = records_.begin(); it != records_.end();) {
     if (it->second.archive != archive) {
@@ -142,11 +146,23 @@ std::string ImageArchives::PathOf(const std::string& archive) const {
   return "";
 }
 
-void ImageArchives::Report(const std::string& node,
+bool ImageArchives::Report(const std::string& node,
                            std::map<std::string, NodeImage> images,
                            std::map<std::string, Failure> failures) {
   absl::MutexLock l(&mu_);
+  bool dropped = false;
+  for (const auto& [archive, f] : failures) {
+    if (!f.bad_archive) continue;
+    bool listed = false;
+    for (const auto& [name, r] : records_) listed |= r.archive == archive;
+    if (!listed) continue;
+    fprintf(stderr, "silt-gateway: image archive %s dropped: %s\n",
+            archive.c_str(), f.message.c_str());
+    RemoveArchiveLocked(archive);
+    dropped = true;
+  }
   nodes_[node] = {std::move(images), std::move(failures)};
+  return dropped;
 }
 
 void ImageArchives::NodeGone(const std::string& node) {

@@ -62,8 +62,10 @@ class ImageArchives {
   std::string PathOf(const std::string& archive) const;
 
   // A node's images now (name → image) and its failed imports (archive →
-  // why); a node that left reports nothing.
-  void Report(const std::string& node, std::map<std::string, NodeImage> images,
+  // why); a node that left reports nothing. An archive a node found bad is
+  // dropped from the catalog (no node can import it): true when one was,
+  // and the nodes must be told.
+  bool Report(const std::string& node, std::map<std::string, NodeImage> images,
               std::map<std::string, Failure> failures);
   void NodeGone(const std::string& node);
   // Which nodes hold `name`, with what each says of it.
@@ -80,6 +82,8 @@ class ImageArchives {
                      std::map<std::string, Failure>* failures) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropUnusedArchivesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveArchiveLocked(const std::string& archive)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   store::Store* const store_;
   const std::string dir_;

@@ -107,21 +107,7 @@ std::string NodeRegistry::address() const { return impl_->address; }
 Directory* NodeRegistry::directory() { return impl_->directory.get(); }
 
 std::set<std::string> NodeRegistry::ImagesChanged() {
-  control::GatewayMessage m = impl_->ImageSetMessage();
-  std::vector<std::shared_ptr<Impl::Node>> to;
-  std::set<std::string> names;
-  {
-    std::lock_guard<std::mutex> l(impl_->mu);
-    for (const auto& [name, node] : impl_->nodes) {
-      to.push_back(node);
-      names.insert(name);
-    }
-  }
-  for (auto& node : to) {
-    std::lock_guard<std::mutex> w(node->write_mu);
-    if (node->stream) node->stream->Write(m);
-  }
-  return names;
+  return impl_->SendImageSet();
 }
 
 void NodeRegistry::FunctionsChanged() {

@@ -225,7 +225,8 @@ grpc::Status NodeRegistry::Impl::Connect(
       for (const auto& f : m.images().failures())
         failed[f.archive()] = {f.kind() == control::IMAGE_FAILURE_BAD_ARCHIVE,
                                f.message()};
-      images->Report(node->name, std::move(held), std::move(failed));
+      if (images->Report(node->name, std::move(held), std::move(failed)))
+        SendImageSet();  // an archive found bad was dropped
       continue;
     }
     if (!m.has_report()) continue;
@@ -452,6 +453,24 @@ grpc::Status NodeRegistry::Impl::FetchBundle(
     if (!writer->Write(chunk)) break;
   }
   return grpc::Status::OK;
+}
+
+std::set<std::string> NodeRegistry::Impl::SendImageSet() {
+  control::GatewayMessage m = ImageSetMessage();
+  std::vector<std::shared_ptr<Node>> to;
+  std::set<std::string> names;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    for (const auto& [name, node] : nodes) {
+      to.push_back(node);
+      names.insert(name);
+    }
+  }
+  for (auto& node : to) {
+    std::lock_guard<std::mutex> w(node->write_mu);
+    if (node->stream) node->stream->Write(m);
+  }
+  return names;
 }
 
 control::GatewayMessage NodeRegistry::Impl::ImageSetMessage() const {

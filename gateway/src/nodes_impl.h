@@ -246,8 +246,10 @@ struct NodeRegistry::Impl final : public control::Control::Service {
   grpc::Status FetchArchive(
       grpc::ServerContext*, const control::FetchArchiveRequest* req,
       grpc::ServerWriter<control::BundleChunk>* writer) override;
-  // The images every node keeps (ImageSet).
+  // The images every node keeps (ImageSet), and sending it to every node:
+  // the names of the nodes it went to.
   control::GatewayMessage ImageSetMessage() const;
+  std::set<std::string> SendImageSet();
   grpc::Status FetchBundle(
       grpc::ServerContext*, const control::FetchBundleRequest* req,
       grpc::ServerWriter<control::BundleChunk>* writer) override;
