@@ -63,8 +63,7 @@ absl::StatusOr<std::string> Client::Version() {
 }
 
 absl::Status Client::Create(const ContainerSpec& spec) {
-  // An image's container is rooted on a snapshot of its own (read-only
-  // roots on a view: no upper directory).
+  // An image's container is rooted on a snapshot of its own.
   google::protobuf::RepeatedPtrField<::containerd::types::Mount> rootfs;
   std::string image_name;
   if (!spec.image.empty()) {
@@ -72,24 +71,15 @@ absl::Status Client::Create(const ContainerSpec& spec) {
     if (!image.ok()) return image.status();
     image_name = image->name;
     auto ctx = impl_->Context();
-    grpc::Status s;
-    if (spec.read_only_root) {
-      snapshots_v1::ViewSnapshotRequest req;
-      req.set_snapshotter(kSnapshotter);
-      req.set_key(spec.id);
-      req.set_parent(image->chain_id);
-      snapshots_v1::ViewSnapshotResponse res;
-      s = impl_->snapshots->View(ctx.get(), req, &res);
-      rootfs = res.mounts();
-    } else {
-      snapshots_v1::PrepareSnapshotRequest req;
-      req.set_snapshotter(kSnapshotter);
-      req.set_key(spec.id);
-      req.set_parent(image->chain_id);
-      snapshots_v1::PrepareSnapshotResponse res;
-      s = impl_->snapshots->Prepare(ctx.get(), req, &res);
-      rootfs = res.mounts();
-    }
+    // Writable even for a read-only root: runc makes the mount points an
+    // image lacks (secrets, say) before it makes the root read-only.
+    snapshots_v1::PrepareSnapshotRequest req;
+    req.set_snapshotter(kSnapshotter);
+    req.set_key(spec.id);
+    req.set_parent(image->chain_id);
+    snapshots_v1::PrepareSnapshotResponse res;
+    grpc::Status s = impl_->snapshots->Prepare(ctx.get(), req, &res);
+    rootfs = res.mounts();
     if (!s.ok())
       return FromGrpc(s, absl::StrCat("cannot make the root of ", spec.id,
                                       " from ", image->name));

@@ -63,10 +63,18 @@ std::string OciSpecJson(const ContainerSpec& spec, const std::string& ns) {
         {"type", "tmpfs"},
         {"source", "tmpfs"},
         {"options", {"nosuid", "nodev", "mode=1777", "size=65536k"}}}});
+  for (const auto& m : spec.mounts)
+    mounts.push_back(
+        {{"destination", m.destination},
+         {"type", "bind"},
+         {"source", m.source},
+         {"options", {"rbind", m.read_only ? "ro" : "rw", "nosuid", "nodev"}}});
   json resources = {
       {"devices", json::array({{{"allow", false}, {"access", "rwm"}}})}};
   if (spec.memory_limit_bytes > 0)
     resources["memory"] = {{"limit", spec.memory_limit_bytes}};
+  if (spec.cpu_millis > 0)  // a quota per 100 ms period
+    resources["cpu"] = {{"quota", spec.cpu_millis * 100}, {"period", 100000}};
   json network = {{"type", "network"}};
   if (!spec.netns.empty()) network["path"] = spec.netns;
   json linux = {

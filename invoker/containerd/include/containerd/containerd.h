@@ -53,6 +53,13 @@ struct ContainerSpec {
   // a new one with nothing in it.
   std::string netns;
   uint64_t memory_limit_bytes = 0;  // 0: none of its own
+  uint64_t cpu_millis = 0;          // CPU quota in thousandths of a core
+  // Host paths bound into it (e.g. secrets at /var/openfaas/secrets).
+  struct Mount {
+    std::string source, destination;
+    bool read_only = true;
+  };
+  std::vector<Mount> mounts;
   // The file (a host path) its stdout and stderr are appended to, together
   // (containerd's runc shim writes both streams of a file:// to it); whole
   // once the task is deleted (after Wait, its last bytes may still be on

@@ -1,0 +1,148 @@
+#include "container_runtime.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace silt::invoker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string Tail(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  return s.size() > 600 ? s.substr(s.size() - 600) : s;
+}
+
+// The environment: the image's, then the launch's (a later K= wins).
+std::vector<std::string> MergeEnv(const std::vector<std::string>& image,
+                                  const std::vector<std::string>& launch) {
+  std::map<std::string, std::string> by_key;
+  std::vector<std::string> order;
+  for (const auto* list : {&image, &launch})
+    for (const std::string& kv : *list) {
+      std::string key = kv.substr(0, kv.find('='));
+      if (!by_key.contains(key)) order.push_back(key);
+      by_key[key] = kv;
+    }
+  std::vector<std::string> out;
+  for (const std::string& key : order) out.push_back(by_key[key]);
+  return out;
+}
+
+}  // namespace
+
+bool WatchdogHealthy(const std::string& ip, int port,
+                     std::chrono::milliseconds timeout) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) == 1;
+  auto deadline = Clock::now() + timeout;
+  auto wait = [&](short events) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, events, 0};
+    return poll(&p, 1, static_cast<int>(left.count())) == 1 &&
+           (p.revents & events) != 0;
+  };
+  if (ok && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    ok = errno == EINPROGRESS && wait(POLLOUT);
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (ok) ok = getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && !err;
+  const std::string req =
+      "GET /_/health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  if (ok)
+    ok = send(fd, req.data(), req.size(), MSG_NOSIGNAL) ==
+         static_cast<ssize_t>(req.size());
+  std::string head;
+  while (ok && head.find("\r\n") == std::string::npos && wait(POLLIN)) {
+    char buf[256];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    head.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return ok && (absl::StartsWith(head, "HTTP/1.1 200") ||
+                absl::StartsWith(head, "HTTP/1.0 200"));
+}
+
+absl::StatusOr<RunningContainer> ContainerRuntime::Start(
+    const ContainerLaunch& launch, std::chrono::milliseconds timeout) {
+  auto image = client_->GetImage(launch.image);
+  if (!image.ok()) return image.status();
+  containerd::ContainerSpec spec;
+  spec.id = launch.id;
+  spec.image = image->name;
+  spec.read_only_root = launch.read_only_root;
+  spec.args = image->entrypoint;
+  spec.args.insert(spec.args.end(), image->cmd.begin(), image->cmd.end());
+  if (spec.args.empty())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "image ", image->name, " names no command (Entrypoint or Cmd)"));
+  spec.env = MergeEnv(image->env, launch.env);
+  if (!image->working_dir.empty()) spec.cwd = image->working_dir;
+  spec.memory_limit_bytes = launch.memory_limit_bytes;
+  spec.cpu_millis = launch.cpu_millis;
+  spec.log_path = launch.log_path;
+  if (!launch.secrets_dir.empty())
+    spec.mounts.push_back({launch.secrets_dir, kContainerSecretsDir, true});
+  auto net = cni_->Add(launch.id);
+  if (!net.ok()) return net.status();
+  spec.netns = net->netns;
+  RunningContainer running{launch.id, net->ip, net->netns};
+  absl::Status s = client_->Create(spec);
+  if (s.ok()) s = client_->Start(launch.id);
+  if (!s.ok()) {
+    Stop(launch.id).IgnoreError();
+    return s;
+  }
+  auto deadline = Clock::now() + timeout;
+  for (;;) {
+    if (WatchdogHealthy(running.ip, kWatchdogPort,
+                        std::chrono::milliseconds(500)))
+      return running;
+    // Exited: no health will come.
+    auto exited = client_->Wait(launch.id, std::chrono::milliseconds(10));
+    if (exited.ok() || Clock::now() >= deadline) {
+      Stop(launch.id).IgnoreError();  // also makes the log whole
+      std::string log = launch.log_path.empty() ? "" : Tail(launch.log_path);
+      if (exited.ok())
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the container of ", image->name, " exited with status ", *exited,
+            " before its watchdog answered /_/health", log.empty() ? "" : ": ",
+            log));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the watchdog of ", image->name,
+          " did not answer /_/health on :", kWatchdogPort, " within ",
+          timeout.count(), " ms", log.empty() ? "" : ": ", log));
+    }
+  }
+}
+
+absl::Status ContainerRuntime::Stop(const std::string& id) {
+  absl::Status deleted = client_->Delete(id);
+  if (absl::IsNotFound(deleted)) deleted = absl::OkStatus();
+  // After the container: the plugins undo their work in its namespace.
+  absl::Status unplugged = cni_->Del(id);
+  return deleted.ok() ? unplugged : deleted;
+}
+
+}  // namespace silt::invoker

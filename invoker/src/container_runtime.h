@@ -1,0 +1,73 @@
+// Function instances as containers (functions deployed from OCI images, the
+// faasd way): each instance is a container of its image with the
+// deployment's environment over the image's, secrets read-only at
+// /var/openfaas/secrets, the function's memory and CPU limits, a read-only
+// root unless asked otherwise, and a network namespace of its own on the
+// node's CNI bridge. It is ready when its watchdog answers GET /_/health on
+// :8080 with 200, as faasd's gateway expects.
+//
+// Thread safety: Start and Stop may run at once for different instances.
+#ifndef SILT_INVOKER_CONTAINER_RUNTIME_H_
+#define SILT_INVOKER_CONTAINER_RUNTIME_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "containerd/cni.h"
+#include "containerd/containerd.h"
+
+namespace silt::invoker {
+
+inline constexpr char kContainerSecretsDir[] = "/var/openfaas/secrets";
+inline constexpr int kWatchdogPort = 8080;
+
+struct ContainerLaunch {
+  std::string id;                // the instance's, unique on the node
+  std::string image;             // an imported image's name
+  std::vector<std::string> env;  // "K=V", over the image's
+  std::string secrets_dir;       // host dir → kContainerSecretsDir; may be ""
+  uint64_t memory_limit_bytes = 0;
+  uint64_t cpu_millis = 0;
+  bool read_only_root = true;
+  std::string log_path;  // its stdout and stderr
+};
+
+struct RunningContainer {
+  std::string id;
+  std::string ip;     // on the node's bridge; the watchdog at ip:8080
+  std::string netns;  // its network namespace (a path)
+};
+
+class ContainerRuntime {
+ public:
+  // Both must outlive the runtime.
+  ContainerRuntime(containerd::Client* client, containerd::Cni* cni)
+      : client_(client), cni_(cni) {}
+
+  // Starts the instance and waits up to `timeout` for its health check.
+  // NotFound for an image that is not imported; FailedPrecondition (with
+  // the end of its log) when it exits first; DeadlineExceeded when it never
+  // answers. Nothing is left behind when it fails.
+  absl::StatusOr<RunningContainer> Start(const ContainerLaunch& launch,
+                                         std::chrono::milliseconds timeout);
+  // Stops the instance: its container, snapshot and network. OK when
+  // there is nothing left of it.
+  absl::Status Stop(const std::string& id);
+
+ private:
+  containerd::Client* const client_;
+  containerd::Cni* const cni_;
+};
+
+// GET /_/health of a watchdog at ip:port: whether it answered 200 (one try,
+// within `timeout`).
+bool WatchdogHealthy(const std::string& ip, int port,
+                     std::chrono::milliseconds timeout);
+
+}  // namespace silt::invoker
+
+#endif  // SILT_INVOKER_CONTAINER_RUNTIME_H_

@@ -1,0 +1,198 @@
+// A stand-in for OpenFaaS's classic watchdog, for test images (this machine
+// reaches no registry to fetch the real one): listens on :8080 (or $port),
+// answers GET /_/health with 200 once started, and runs $fprocess once per
+// request with the request body on stdin and the request in Http_* variables
+// (Http_Method, Http_Path, Http_Query, Http_ContentLength, Http_<Header>),
+// answering with its stdout (200), or 500 and its stderr when it fails.
+// Built static (tests/CMakeLists.txt) so it runs in a root of its own.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+bool ReadAll(int fd, std::string* out) {
+  char buf[65536];
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    if (n == 0) return true;
+    out->append(buf, static_cast<size_t>(n));
+  }
+}
+
+bool WriteAll(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = write(fd, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void Respond(int fd, int code, const std::string& body) {
+  const char* reason = code == 200   ? "OK"
+                       : code == 400 ? "Bad Request"
+                                     : "Internal Server Error";
+  WriteAll(fd, "HTTP/1.1 " + std::to_string(code) + " " + reason +
+                   "\r\nContent-Type: text/plain\r\nContent-Length: " +
+                   std::to_string(body.size()) +
+                   "\r\nConnection: close\r\n\r\n" + body);
+}
+
+// Runs fprocess with `input` on stdin and `env` added: exit status, output.
+int Run(const std::vector<std::string>& env, const std::string& input,
+        std::string* out, std::string* err) {
+  const char* fprocess = getenv("fprocess");
+  if (fprocess == nullptr || *fprocess == '\0') {
+    *err = "fprocess is not set\n";
+    return 1;
+  }
+  std::vector<std::string> argv;
+  std::istringstream words(fprocess);
+  for (std::string w; words >> w;) argv.push_back(w);
+  if (argv.empty()) {
+    *err = "fprocess is empty\n";
+    return 1;
+  }
+  // Everything the child needs is made before fork (other threads run).
+  std::vector<char*> args, envp;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (const auto& kv : env) envp.push_back(const_cast<char*>(kv.c_str()));
+  envp.push_back(nullptr);
+  int in[2], o[2], e[2];
+  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(o, O_CLOEXEC) != 0 ||
+      pipe2(e, O_CLOEXEC) != 0)
+    return 1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(in[0], 0);
+    dup2(o[1], 1);
+    dup2(e[1], 2);
+    execvpe(args[0], args.data(), envp.data());
+    fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
+    _exit(127);
+  }
+  close(in[0]);
+  close(o[1]);
+  close(e[1]);
+  std::thread writer([&] {
+    WriteAll(in[1], input);
+    close(in[1]);
+  });
+  std::thread errors([&] { ReadAll(e[0], err); });
+  ReadAll(o[0], out);
+  writer.join();
+  errors.join();
+  close(o[0]);
+  close(e[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void Serve(int fd) {
+  std::string data;
+  size_t head_end;
+  char buf[65536];
+  while ((head_end = data.find("\r\n\r\n")) == std::string::npos) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0 || data.size() > (1 << 20)) {
+      close(fd);
+      return;
+    }
+    data.append(buf, static_cast<size_t>(n));
+  }
+  std::istringstream head(data.substr(0, head_end));
+  std::string method, target, version, line;
+  head >> method >> target >> version;
+  std::getline(head, line);
+  std::vector<std::string> env;
+  size_t length = 0;
+  while (std::getline(head, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon), value = line.substr(colon + 1);
+    while (!value.empty() && value.front() == ' ') value.erase(0, 1);
+    for (char& c : name)
+      if (c == '-') c = '_';
+    std::string lower = name;
+    for (char& c : lower) c = static_cast<char>(tolower(c));
+    if (lower == "content_length")
+      length = strtoull(value.c_str(), nullptr, 10);
+    env.push_back("Http_" + name + "=" + value);
+  }
+  std::string body = data.substr(head_end + 4);
+  while (body.size() < length) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    body.append(buf, static_cast<size_t>(n));
+  }
+  std::string path = target, query;
+  if (size_t q = target.find('?'); q != std::string::npos) {
+    path = target.substr(0, q);
+    query = target.substr(q + 1);
+  }
+  if (path == "/_/health") {
+    Respond(fd, 200, "OK");
+    close(fd);
+    return;
+  }
+  env.push_back("Http_Method=" + method);
+  env.push_back("Http_Path=" + path);
+  env.push_back("Http_ContentLength=" + std::to_string(body.size()));
+  if (!query.empty()) env.push_back("Http_Query=" + query);
+  std::string out, err;
+  int code = Run(env, body, &out, &err);
+  if (!err.empty()) fprintf(stderr, "%s", err.c_str());
+  if (code != 0)
+    Respond(fd, 500, err.empty() ? "exit status " + std::to_string(code) : err);
+  else
+    Respond(fd, 200, out);
+  close(fd);
+}
+
+}  // namespace
+
+int main() {
+  signal(SIGPIPE, SIG_IGN);
+  int port = getenv("port") ? atoi(getenv("port")) : 8080;
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      listen(s, 128) != 0) {
+    perror("watchdog: listen");
+    return 1;
+  }
+  fprintf(stderr, "watchdog: listening on :%d, fprocess=%s\n", port,
+          getenv("fprocess") ? getenv("fprocess") : "");
+  for (;;) {
+    int fd = accept4(s, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    std::thread(Serve, fd).detach();
+  }
+}
