@@ -662,12 +662,16 @@ class ClassicRuntime {
 };
 
 // ---- exec, http: a long-running server the worker proxies to ----
+// ---- container: the same, to the watchdog of a container whose network
+// namespace the worker shares (the container runs the server) ----
 
 class HttpRuntime {
  public:
   absl::Status Start(const WorkerConfig& cfg) {
+    const bool container = cfg.kind() == "container";
     std::vector<std::string> argv = SplitCommand(cfg.entry());
-    if (argv.empty()) return absl::InvalidArgumentError("empty fprocess");
+    if (argv.empty() && !container)
+      return absl::InvalidArgumentError("empty fprocess");
     if (chdir(cfg.bundle_dir().c_str()) != 0)
       return absl::InternalError("cannot enter the bundle directory");
     std::string url = cfg.upstream_url().empty() ? "http://127.0.0.1:5000"
@@ -679,6 +683,15 @@ class HttpRuntime {
     host_ = std::string(u.substr(0, colon));
     port_ = colon == absl::string_view::npos ? "80"
                                              : std::string(u.substr(colon + 1));
+    if (container) {
+      // Its watchdog answered its health check already (the invoker's
+      // ContainerRuntime): it must take connections now.
+      if (auto s = Connect(); !s.ok())
+        return absl::UnavailableError(
+            absl::StrCat("the container's watchdog at ", url,
+                         " takes no connection: ", s.message()));
+      return absl::OkStatus();
+    }
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
@@ -1129,7 +1142,8 @@ __attribute__((no_stack_protector)) int main() {
   if (cfg.kind() == "native") return Serve<NativeRuntime>(cfg);
   if (cfg.kind() == "exec")
     g_state_http = std::make_unique<StateHttpServer>(g_state.api());
-  if (cfg.kind() == "exec" && cfg.mode() == "http")
+  if ((cfg.kind() == "exec" && cfg.mode() == "http") ||
+      cfg.kind() == "container")
     return Serve<HttpRuntime>(cfg);
   if (cfg.kind() == "exec") return Serve<ClassicRuntime>(cfg);
   fprintf(stderr, "silt-worker: unknown bundle kind %s\n", cfg.kind().c_str());

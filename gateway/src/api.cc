@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "autoscaler.h"
+#include "containerd/archive.h"
 #include "proclets/bundle.h"
 #include "silt/abi.h"
 #include "silt/version.h"
@@ -481,12 +482,15 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
   }
 
   if (auto digest = proclets::BundleDigestOf(d->image); !digest.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "image \"", d->image,
-        "\" is not a Silt bundle: build and push it with `silt up` (or `silt "
-        "build` "
-        "and `silt push`) and deploy NAME@sha256:<digest>; OCI images are not "
-        "supported yet"));
+    // An OCI image: one imported into the nodes (silt image import).
+    auto name = containerd::NormalizeImageName(d->image);
+    if (!name.ok() || images_ == nullptr || !images_->Has(*name))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "image \"", d->image,
+          "\" is neither a Silt bundle nor an imported image: build and push "
+          "a bundle with `silt up` (or `silt build` and `silt push`) and "
+          "deploy NAME@sha256:<digest>, or import the image's archive with "
+          "`silt image import FILE` (no registry is reachable)"));
   } else if (auto b = bundles_->Get(*digest); !b.ok()) {
     if (absl::IsNotFound(b.status())) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -139,6 +139,11 @@ std::vector<ImageArchives::Record> ImageArchives::List() const {
   return out;
 }
 
+bool ImageArchives::Has(const std::string& name) const {
+  absl::MutexLock l(&mu_);
+  return records_.contains(name);
+}
+
 std::string ImageArchives::PathOf(const std::string& archive) const {
   absl::MutexLock l(&mu_);
   for (const auto& [name, r] : records_)

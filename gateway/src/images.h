@@ -58,6 +58,8 @@ class ImageArchives {
   // the archive is bad.
   void RemoveArchive(const std::string& archive);
   std::vector<Record> List() const;
+  // Whether the catalog has the image (a normalized name).
+  bool Has(const std::string& name) const;
   // The archive's file; empty when there is none.
   std::string PathOf(const std::string& archive) const;
 

@@ -1,6 +1,7 @@
 // The Control service the invokers connect to (registration, load reports,
 // pulses, assignments, bundles, snapshots, layouts, drains), and the function
 // specs it assigns them.
+#include "containerd/archive.h"
 #include "nodes_impl.h"
 
 namespace silt::gateway {
@@ -17,7 +18,17 @@ auto NodeRegistry::Impl::BuildFn(const store::FunctionRecord& rec)
   s.set_generation(rec.generation);
   s.set_image(d->image);
   auto digest = proclets::BundleDigestOf(d->image);
-  if (digest.ok()) s.set_bundle_digest(*digest);
+  if (digest.ok()) {
+    s.set_bundle_digest(*digest);
+  } else if (auto image = containerd::NormalizeImageName(d->image);
+             image.ok() && images != nullptr) {
+    // Its instances run only where the image is.
+    s.set_container_image(*image);
+    s.set_read_only_root(d->read_only_root_filesystem);
+    fn->needs_image = true;
+    for (const auto& [node, held] : images->Holders(*image))
+      fn->image_nodes.insert(node);
+  }
   s.set_env_process(d->env_process);
   for (const auto& [k, v] : d->env_vars) (*s.mutable_env())[k] = v;
   if (d->labels) {
@@ -81,7 +92,8 @@ control::Assignment NodeRegistry::Impl::AssignmentLocked(
   control::Assignment a;
   a.set_data_key(data_key);
   for (const auto& [key, fn] : fns) {
-    if (fn->spec.bundle_digest().empty()) continue;
+    if (fn->spec.bundle_digest().empty() && fn->spec.container_image().empty())
+      continue;
     if (!fn->Allows(node_name)) continue;
     std::vector<std::string> names;
     for (const auto& [n, node] : nodes)
@@ -227,6 +239,12 @@ grpc::Status NodeRegistry::Impl::Connect(
                                f.message()};
       if (images->Report(node->name, std::move(held), std::move(failed)))
         SendImageSet();  // an archive found bad was dropped
+      {
+        // Image functions may run where images now are.
+        std::lock_guard<std::mutex> l(mu);
+        fns_valid = false;
+      }
+      SendAssignments();
       continue;
     }
     if (!m.has_report()) continue;

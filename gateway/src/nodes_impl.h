@@ -98,12 +98,16 @@ struct NodeRegistry::Impl final : public control::Control::Service {
     // it is ever moved by the rebalancer; com.silt.rebalance=false: placed
     // by free resources, never moved.
     bool pinned = false, rebalance = true;
+    // An OCI image function runs only on the nodes that hold its image.
+    bool needs_image = false;
+    std::set<std::string> image_nodes;
     bool Movable() const { return !pinned && rebalance; }
     bool Allows(const std::string& node) const {
       auto has = [&](const std::vector<std::string>& v) {
         return std::find(v.begin(), v.end(), node) != v.end();
       };
-      return (only_nodes.empty() || has(only_nodes)) && !has(not_nodes);
+      return (only_nodes.empty() || has(only_nodes)) && !has(not_nodes) &&
+             (!needs_image || image_nodes.contains(node));
     }
   };
   struct Node {

@@ -59,17 +59,37 @@ void ContainerImages::Run() {
     }
     Reconcile(set);
   }
+  absl::MutexLock l(&client_mu_);
+  runtime_.reset();
   client_.reset();
   daemon_.reset();  // stops a containerd of our own
 }
 
-absl::StatusOr<containerd::Client*> ContainerImages::EnsureClient() {
+absl::StatusOr<std::shared_ptr<ContainerRuntime>> ContainerImages::Runtime() {
+  auto client = EnsureClient();
+  if (!client.ok()) return client.status();
+  absl::MutexLock l(&client_mu_);
+  if (runtime_ == nullptr) {
+    containerd::CniOptions o;
+    o.state_dir = options_.dir + "/cni";
+    auto cni = containerd::Cni::Create(o);
+    if (!cni.ok()) return cni.status();
+    runtime_ = std::make_shared<ContainerRuntime>(
+        *client, std::shared_ptr<containerd::Cni>(*std::move(cni)));
+  }
+  return runtime_;
+}
+
+absl::StatusOr<std::shared_ptr<containerd::Client>>
+ContainerImages::EnsureClient() {
+  absl::MutexLock l(&client_mu_);
   if (options_.containerd_socket.empty() && daemon_ && !daemon_->Alive()) {
     fprintf(stderr, "silt-invoker: containerd died; starting it again\n");
+    runtime_.reset();
     client_.reset();
     daemon_.reset();
   }
-  if (client_) return client_.get();
+  if (client_) return client_;
   std::string socket = options_.containerd_socket;
   if (socket.empty()) {
     auto d = containerd::Daemon::Start(options_.dir);
@@ -80,7 +100,7 @@ absl::StatusOr<containerd::Client*> ContainerImages::EnsureClient() {
   auto c = containerd::Client::Connect(socket, options_.ns);
   if (!c.ok()) return c.status();
   client_ = *std::move(c);
-  return client_.get();
+  return client_;
 }
 
 void ContainerImages::Reconcile(const control::ImageSet& set) {

@@ -17,6 +17,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "container_runtime.h"
+#include "containerd/cni.h"
 #include "containerd/containerd.h"
 #include "gateway/proto/control.pb.h"
 
@@ -47,16 +49,24 @@ class ContainerImages {
   std::optional<control::ImageReport> TakeReport();
   // The next TakeReport returns the current report (a new gateway session).
   void ResendReport();
+  // What starts the node's container instances (containerd connected, or
+  // started, on first use; the CNI network). FailedPrecondition or
+  // Unavailable when this node cannot run containers.
+  absl::StatusOr<std::shared_ptr<ContainerRuntime>> Runtime();
 
  private:
   void Run();
   void Reconcile(const control::ImageSet& set);
-  absl::StatusOr<containerd::Client*> EnsureClient();
+  absl::StatusOr<std::shared_ptr<containerd::Client>> EnsureClient();
 
   const Options options_;
-  // The thread's own: containerd and its client.
-  std::unique_ptr<containerd::Daemon> daemon_;
-  std::unique_ptr<containerd::Client> client_;
+  // containerd (ours, or none when given a socket), its client, the
+  // network, and what runs instances with them: replaced when containerd
+  // died (instances keep the runtime they started with).
+  absl::Mutex client_mu_;
+  std::unique_ptr<containerd::Daemon> daemon_ ABSL_GUARDED_BY(client_mu_);
+  std::shared_ptr<containerd::Client> client_ ABSL_GUARDED_BY(client_mu_);
+  std::shared_ptr<ContainerRuntime> runtime_ ABSL_GUARDED_BY(client_mu_);
 
   absl::Mutex mu_;
   std::optional<control::ImageSet> wanted_ ABSL_GUARDED_BY(mu_);  // not done

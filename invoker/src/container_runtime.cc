@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -135,6 +136,14 @@ absl::StatusOr<RunningContainer> ContainerRuntime::Start(
           timeout.count(), " ms", log.empty() ? "" : ": ", log));
     }
   }
+}
+
+void ContainerLease::Release() {
+  if (runtime_ == nullptr) return;
+  if (auto s = runtime_->Stop(id_); !s.ok())
+    fprintf(stderr, "silt-invoker: stopping container %s: %s\n", id_.c_str(),
+            std::string(s.message()).c_str());
+  runtime_.reset();
 }
 
 absl::Status ContainerRuntime::Stop(const std::string& id) {

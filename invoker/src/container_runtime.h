@@ -44,9 +44,9 @@ struct RunningContainer {
 
 class ContainerRuntime {
  public:
-  // Both must outlive the runtime.
-  ContainerRuntime(containerd::Client* client, containerd::Cni* cni)
-      : client_(client), cni_(cni) {}
+  ContainerRuntime(std::shared_ptr<containerd::Client> client,
+                   std::shared_ptr<containerd::Cni> cni)
+      : client_(std::move(client)), cni_(std::move(cni)) {}
 
   // Starts the instance and waits up to `timeout` for its health check.
   // NotFound for an image that is not imported; FailedPrecondition (with
@@ -59,8 +59,30 @@ class ContainerRuntime {
   absl::Status Stop(const std::string& id);
 
  private:
-  containerd::Client* const client_;
-  containerd::Cni* const cni_;
+  const std::shared_ptr<containerd::Client> client_;
+  const std::shared_ptr<containerd::Cni> cni_;
+};
+
+// An instance's container, stopped (ContainerRuntime::Stop) when this goes.
+class ContainerLease {
+ public:
+  ContainerLease() = default;
+  ContainerLease(std::shared_ptr<ContainerRuntime> runtime, std::string id)
+      : runtime_(std::move(runtime)), id_(std::move(id)) {}
+  ContainerLease(ContainerLease&& o) noexcept = default;
+  ContainerLease& operator=(ContainerLease&& o) noexcept {
+    Release();
+    runtime_ = std::move(o.runtime_);
+    id_ = std::move(o.id_);
+    return *this;
+  }
+  ~ContainerLease() { Release(); }
+  bool held() const { return runtime_ != nullptr; }
+
+ private:
+  void Release();
+  std::shared_ptr<ContainerRuntime> runtime_;
+  std::string id_;
 };
 
 // GET /_/health of a watchdog at ip:port: whether it answered 200 (one try,

@@ -368,6 +368,15 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
       p->stop_cv.notify_all();
     };
     impl->container_images = std::make_unique<ContainerImages>(co);
+    auto cb = std::make_shared<Bundle>();
+    cb->dir = options.data_dir + "/container-bundle";  // empty
+    std::filesystem::create_directories(cb->dir, ec);
+    chmod(cb->dir.c_str(), 0755);
+    cb->manifest.kind = "container";
+    cb->manifest.mode = "http";
+    cb->manifest.upstream_url =
+        absl::StrCat("http://127.0.0.1:", kWatchdogPort);
+    impl->container_bundle = std::move(cb);
   }
   {
     ExecutorOptions eo;

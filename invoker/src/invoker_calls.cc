@@ -13,9 +13,13 @@ auto Invoker::Impl::PoolFor(const FunctionSpec& spec,
     auto fresh = std::make_shared<Pool>();
     fresh->spec = spec;
     fresh->snapshot_id = SnapshotIdOf(spec);
-    fresh->snapshot_wanted = snapshots_on && SnapshotsWanted(spec);
+    // A container's state is not the worker's: never checkpointed or forked.
+    const bool container = bundle->manifest.kind == "container";
+    fresh->snapshot_wanted =
+        snapshots_on && SnapshotsWanted(spec) && !container;
     fresh->forkable =
-        !(bundle->manifest.kind == "exec" && bundle->manifest.mode == "http");
+        !(bundle->manifest.kind == "exec" && bundle->manifest.mode == "http") &&
+        !container;
     fresh->bundle = std::move(bundle);
     if (p) fresh->min_instances = p->min_instances;
     p = fresh;  // the old pool's instances stop as their calls end
@@ -278,7 +282,7 @@ void Invoker::Impl::Call(call_wire::Request& req, RequestBody* body,
       res->outcome = Outcome::kNeedSpec;
       return;
     }
-    auto bundle = bundles->Ensure(spec.bundle_digest());
+    auto bundle = BundleFor(spec);
     if (!bundle.ok()) return fail(bundle.status());
     pool = PoolFor(spec, *bundle);
   }

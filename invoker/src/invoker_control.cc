@@ -39,7 +39,7 @@ void Invoker::Impl::ApplyAssignment(const control::Assignment& a) {
   for (const auto& spec : a.functions()) ids.insert(SnapshotIdOf(spec));
   CollectImages(ids);
   for (auto& [spec, min] : wanted) {
-    auto bundle = bundles->Ensure(spec.bundle_digest());
+    auto bundle = BundleFor(spec);
     if (!bundle.ok()) {
       logs.Append(Key(spec.namespace_(), spec.name()), "invoker",
                   absl::StrCat("silt: ", bundle.status().message()));

@@ -140,6 +140,9 @@ struct Template;
 
 struct Instance {
   std::string id;
+  // A container instance's container and network (OCI image functions):
+  // stopped after the worker that proxies to it (declared before `proc`).
+  ContainerLease container;
   std::unique_ptr<SandboxedProcess> proc;
   int channel = -1;
   std::string base_dir;  // DATA_DIR/instances/<id>: secrets, run, work
@@ -333,6 +336,16 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Pool>> pools;  // key ns/name
   std::unique_ptr<BundleCache> bundles;                // DATA_DIR/bundles
+  // What a container function's instances run: no files, its worker only
+  // proxies to the container's watchdog (kind "container").
+  std::shared_ptr<const Bundle> container_bundle;
+  // The function's bundle, or container_bundle for an OCI image function.
+  absl::StatusOr<std::shared_ptr<const Bundle>> BundleFor(
+      const FunctionSpec& spec);
+  // Starts the container of a container function's instance: its network
+  // namespace for the worker's sandbox (sb->netns).
+  absl::Status StartContainer(const FunctionSpec& spec, Instance& inst,
+                              SandboxSpec* sb);
   // Snapshot images complete on this node, their plans and working sets
   // (DATA_DIR/snapshots, DATA_DIR/working-sets).
   std::unique_ptr<ImageCatalog> images;

@@ -46,6 +46,50 @@ absl::Status Invoker::Impl::FetchArchive(const std::string& digest,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<const Bundle>> Invoker::Impl::BundleFor(
+    const FunctionSpec& spec) {
+  if (!spec.container_image().empty()) return container_bundle;
+  return bundles->Ensure(spec.bundle_digest());
+}
+
+absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
+                                           Instance& inst, SandboxSpec* sb) {
+  auto runtime = container_images->Runtime();
+  if (!runtime.ok()) return runtime.status();
+  ContainerLaunch l;
+  l.id = inst.id;
+  l.image = spec.container_image();
+  for (const auto& [k, v] : spec.env())
+    l.env.push_back(absl::StrCat(k, "=", v));
+  if (!spec.env_process().empty() && !spec.env().contains("fprocess"))
+    l.env.push_back("fprocess=" + spec.env_process());
+  l.secrets_dir = inst.base_dir + "/secrets";
+  l.memory_limit_bytes = MemoryLimit(spec);
+  l.cpu_millis = CpuMillis(spec);
+  l.read_only_root = spec.read_only_root();
+  // Its stdout and stderr, through a FIFO, are the instance's log lines. A
+  // writer of ours keeps the FIFO from reading as ended until the
+  // container's shim has opened it.
+  l.log_path = inst.base_dir + "/container.log";
+  if (mkfifo(l.log_path.c_str(), 0600) != 0)
+    return absl::InternalError(
+        absl::StrCat("mkfifo ", l.log_path, ": ", strerror(errno)));
+  int r = open(l.log_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  int keep = r < 0 ? -1 : open(l.log_path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (r < 0 || keep < 0) {
+    if (r >= 0) close(r);
+    return absl::InternalError(
+        absl::StrCat("opening ", l.log_path, ": ", strerror(errno)));
+  }
+  collector->Add(r, Key(spec.namespace_(), spec.name()), inst.id);
+  auto running = (*runtime)->Start(l, std::chrono::seconds(60));
+  close(keep);
+  if (!running.ok()) return running.status();
+  inst.container = ContainerLease(*runtime, inst.id);
+  sb->netns = running->netns;
+  return absl::OkStatus();
+}
+
 std::unique_ptr<Instance> Invoker::Impl::NewInstance(const FunctionSpec& spec) {
   auto inst = std::make_unique<Instance>();
   inst->id = absl::StrCat(spec.name(), "-", RandomId(8));
@@ -151,12 +195,15 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::StartInstance(
   }
 
   SandboxSpec sb;
-  if (auto s = SandboxFor(spec, bundle, *inst, snapshot_ready, &sb); !s.ok()) {
+  absl::Status ready_sb = SandboxFor(spec, bundle, *inst, snapshot_ready, &sb);
+  if (ready_sb.ok() && bundle.manifest.kind == "container")
+    ready_sb = StartContainer(spec, *inst, &sb);
+  if (!ready_sb.ok()) {
     close(chan[0]);
     close(chan[1]);
     close(out_w);
     close(err_w);
-    return s;
+    return ready_sb;
   }
   sb.argv = {kSandboxWorkerPath};
   sb.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8",

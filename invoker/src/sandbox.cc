@@ -552,6 +552,7 @@ struct ChildArgs {
   // Everything is prepared by the parent: the children only make syscalls
   // (they share the parent's memory until the sandbox execs).
   int channel_fd, stdout_fd, stderr_fd, err_fd, devnull_fd, userns_fd;
+  int netns_fd;                 // -1: a new network namespace
   const char* cgroup_procs[4];  // joined first, by writing "0"
   int cgroup_count;
   const char* root;      // the skeleton (PrepareRootSkeleton), bound on itself
@@ -645,7 +646,7 @@ int SandboxMain(void* arg) {
     ChildFail(a, 16);
   if (sethostname(a->hostname, strlen(a->hostname)) != 0) ChildFail(a, 17);
 
-  // Loopback up in the private network namespace.
+  // Loopback up in the private network namespace (a joined one has it).
   int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (s < 0) ChildFail(a, 18);
   struct ifreq ifr;
@@ -653,7 +654,7 @@ int SandboxMain(void* arg) {
   memcpy(ifr.ifr_name, "lo", 3);
   if (ioctl(s, SIOCGIFFLAGS, &ifr) != 0) ChildFail(a, 19);
   ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
-  if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) ChildFail(a, 20);
+  if (a->netns_fd < 0 && ioctl(s, SIOCSIFFLAGS, &ifr) != 0) ChildFail(a, 20);
   close(s);
 
   // No capabilities, unprivileged ids, no new privileges, seccomp.
@@ -690,12 +691,16 @@ int EnterUserns(void* arg) {
     if (fd < 0 || write(fd, "0", 1) != 1) ChildFail(a, 1);
     close(fd);
   }
+  // A given network namespace is joined while still root out here: it
+  // belongs to the host's user namespace.
+  if (a->netns_fd >= 0 && setns(a->netns_fd, CLONE_NEWNET) != 0)
+    ChildFail(a, 31);
   if (setns(a->userns_fd, CLONE_NEWUSER) != 0) ChildFail(a, 30);
-  pid_t pid =
-      clone(SandboxMain, a->sandbox_stack,
-            CLONE_VM | CLONE_VFORK | CLONE_PARENT | CLONE_NEWPID | CLONE_NEWNS |
-                CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET,
-            a);
+  pid_t pid = clone(SandboxMain, a->sandbox_stack,
+                    CLONE_VM | CLONE_VFORK | CLONE_PARENT | CLONE_NEWPID |
+                        CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS |
+                        (a->netns_fd >= 0 ? 0 : CLONE_NEWNET),
+                    a);
   a->sandbox_errno = errno;
   a->sandbox_pid = pid;
   _exit(0);
@@ -732,7 +737,8 @@ const char* StepName(int step) {
                                 "execve",
                                 "setsid",
                                 "opening /dev/null",
-                                "joining the user namespace"};
+                                "joining the user namespace",
+                                "joining the network namespace"};
   return step > 0 && step < static_cast<int>(std::size(names)) ? names[step]
                                                                : "unknown step";
 }
@@ -1167,6 +1173,19 @@ absl::StatusOr<std::unique_ptr<SandboxedProcess>> Spawn(
     (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &a.last_cap);
   }
 
+  struct Fd {
+    int fd = -1;
+    ~Fd() {
+      if (fd >= 0) close(fd);
+    }
+  } netns;
+  if (!spec.netns.empty()) {
+    netns.fd = open(spec.netns.c_str(), O_RDONLY | O_CLOEXEC);
+    if (netns.fd < 0)
+      return absl::NotFoundError(absl::StrCat("network namespace ", spec.netns,
+                                              ": ", strerror(errno)));
+  }
+  a.netns_fd = netns.fd;
   int err[2];
   if (pipe2(err, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
   int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);

@@ -70,6 +70,9 @@ struct SandboxSpec {
   // nodes, see PrepareDevDir) and /tmp (rw; a size-limited tmpfs).
   std::string dev_dir;
   std::string tmp_dir;
+  // A network namespace to join (a path: a container's, Cni) instead of a
+  // new one with loopback only. Such a sandbox cannot be checkpointed.
+  std::string netns;
   int channel_fd = -1;  // becomes fd 3 inside
   int stdout_fd = -1;   // becomes fd 1
   int stderr_fd = -1;   // becomes fd 2

@@ -12,8 +12,8 @@
 
 #include <chrono>
 #include <filesystem>
-#include <iostream>
 #include <fstream>
+#include <iostream>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -51,7 +51,7 @@ class ContainerRuntimeTest : public ::testing::Test {
     auto cni = containerd::Cni::Create(o);
     ASSERT_TRUE(cni.ok()) << cni.status();
     cni_ = *std::move(cni);
-    runtime_ = std::make_unique<ContainerRuntime>(client_.get(), cni_.get());
+    runtime_ = std::make_unique<ContainerRuntime>(client_, cni_);
 
     // The image: busybox, the watchdog, and a handler that shows what it
     // got. Another one whose command fails at once.
@@ -117,8 +117,8 @@ class ContainerRuntimeTest : public ::testing::Test {
 
   std::string dir_, bridge_;
   std::unique_ptr<containerd::Daemon> daemon_;
-  std::unique_ptr<containerd::Client> client_;
-  std::unique_ptr<containerd::Cni> cni_;
+  std::shared_ptr<containerd::Client> client_;
+  std::shared_ptr<containerd::Cni> cni_;
   std::unique_ptr<ContainerRuntime> runtime_;
 };
 

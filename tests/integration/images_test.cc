@@ -180,6 +180,53 @@ TEST_F(ImagesTest, SurvivesItsContainerdAndInvokerDying) {
   EXPECT_EQ(ContainerdPid(dir_, "node-b"), ctrd);
 }
 
+TEST_F(ImagesTest, AnImportedImageRunsAsAFunction) {
+  // A function image as faas-cli builds them: a watchdog on :8080 that runs
+  // fprocess per call (tests/images/watchdog.cc stands in for OpenFaaS's).
+  std::string fn = dir_ + "/fn";
+  std::filesystem::create_directories(fn + "/usr/bin");
+  std::filesystem::copy_file(SILT_TEST_WATCHDOG, fn + "/usr/bin/fwatchdog");
+  for (const char* a : {"cat", "echo"})
+    std::filesystem::create_symlink("busybox", dir_ + "/rootfs/bin/" + a);
+  std::ofstream(fn + "/handler.sh")
+      << "echo \"$Http_Method $Http_Path $Http_Query $GREETING\"\ncat\n"
+         "echo handled >&2\n";
+  std::string archive = dir_ + "/echo.tar";
+  auto r = RunCommand(
+      {SILT_SOURCE_DIR "/tests/images/make-oci-image.sh", "--name",
+       "silt/echo:1", "--layer", dir_ + "/rootfs", "--layer", fn, "-o", archive,
+       "--entrypoint", R"(["/usr/bin/fwatchdog"])", "--env", "PATH=/bin",
+       "--env", "fprocess=/bin/sh /handler.sh", "--port", "8080/tcp"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = cluster_->Silt({"image", "import", archive});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+
+  r = cluster_->Silt({"deploy", "--name", "echo", "--image", "silt/echo:1",
+                      "-e", "GREETING=hi"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = cluster_->Silt({"invoke", "echo"}, "ping");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.out, "POST /  hi\nping") << r.err;
+  auto call = cluster_->gateway().Call("PUT", "/function/echo/a/b?x=1", "body");
+  EXPECT_EQ(call.status, 200) << call.body;
+  EXPECT_EQ(call.body, "PUT /a/b x=1 hi\nbody");
+  // Its stderr is the function's log.
+  EXPECT_TRUE(Eventually([&] {
+    return absl::StrContains(cluster_->Silt({"logs", "echo"}).out, "handled");
+  }));
+
+  // An image that was never imported is refused at deploy.
+  r = cluster_->Silt({"deploy", "--name", "other", "--image", "silt/none:1"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "silt image import")) << r.err;
+
+  // Removed: its containers go with its instances.
+  r = cluster_->Silt({"remove", "echo"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* n : {"node-a", "node-b"})
+    EXPECT_TRUE(Eventually([&] { return NodeUsage(n).containers == 0; })) << n;
+}
+
 TEST_F(ImagesTest, BadArchivesAreRefusedAndNothingKept) {
   // Not an archive at all: the gateway says so itself.
   std::ofstream(dir_ + "/junk.tar") << std::string(4096, 'x');
