@@ -69,14 +69,20 @@ absl::StatusOr<std::shared_ptr<ContainerRuntime>> ContainerImages::Runtime() {
   auto client = EnsureClient();
   if (!client.ok()) return client.status();
   absl::MutexLock l(&client_mu_);
-  if (runtime_ == nullptr) {
+  return RuntimeLocked();
+}
+
+absl::StatusOr<std::shared_ptr<ContainerRuntime>>
+ContainerImages::RuntimeLocked() {
+  if (runtime_ == nullptr && client_ != nullptr) {
     containerd::CniOptions o;
     o.state_dir = options_.dir + "/cni";
     auto cni = containerd::Cni::Create(o);
     if (!cni.ok()) return cni.status();
     runtime_ = std::make_shared<ContainerRuntime>(
-        *client, std::shared_ptr<containerd::Cni>(*std::move(cni)));
+        client_, std::shared_ptr<containerd::Cni>(*std::move(cni)));
   }
+  if (runtime_ == nullptr) return absl::UnavailableError("no containerd");
   return runtime_;
 }
 
@@ -100,6 +106,17 @@ ContainerImages::EnsureClient() {
   auto c = containerd::Client::Connect(socket, options_.ns);
   if (!c.ok()) return c.status();
   client_ = *std::move(c);
+  if (!orphans_removed_) {
+    // No instance outlives the invoker, but containers do (their shims):
+    // those an invoker that died left go, with their networks.
+    orphans_removed_ = true;
+    if (auto runtime = RuntimeLocked(); runtime.ok())
+      for (const std::string& id : (*runtime)->RemoveOthers())
+        fprintf(stderr,
+                "silt-invoker: removed container %s (left by a previous "
+                "run)\n",
+                id.c_str());
+  }
   return client_;
 }
 
@@ -117,7 +134,14 @@ void ContainerImages::Reconcile(const control::ImageSet& set) {
       f->set_message(std::string(why.message()));
     }
   };
-  auto client = EnsureClient();
+  // containerd is started for the first image, or when one of ours ran
+  // here before (its images and leftovers are there).
+  std::error_code ec;
+  bool needed = !wanted.empty() || !options_.containerd_socket.empty() ||
+                std::filesystem::exists(options_.dir + "/root", ec);
+  auto client = needed ? EnsureClient()
+                       : absl::StatusOr<std::shared_ptr<containerd::Client>>(
+                             absl::FailedPreconditionError("not needed"));
   if (!client.ok()) {
     // A node without containerd holds no images; with nothing wanted that
     // is no failure.

@@ -58,6 +58,8 @@ class ContainerImages {
   void Run();
   void Reconcile(const control::ImageSet& set);
   absl::StatusOr<std::shared_ptr<containerd::Client>> EnsureClient();
+  absl::StatusOr<std::shared_ptr<ContainerRuntime>> RuntimeLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(client_mu_);
 
   const Options options_;
   // containerd (ours, or none when given a socket), its client, the
@@ -67,6 +69,8 @@ class ContainerImages {
   std::unique_ptr<containerd::Daemon> daemon_ ABSL_GUARDED_BY(client_mu_);
   std::shared_ptr<containerd::Client> client_ ABSL_GUARDED_BY(client_mu_);
   std::shared_ptr<ContainerRuntime> runtime_ ABSL_GUARDED_BY(client_mu_);
+  // Once per invoker run: what an earlier run left (RemoveOthers).
+  bool orphans_removed_ ABSL_GUARDED_BY(client_mu_) = false;
 
   absl::Mutex mu_;
   std::optional<control::ImageSet> wanted_ ABSL_GUARDED_BY(mu_);  // not done

@@ -1,12 +1,14 @@
 #include "container_runtime.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -105,16 +107,40 @@ absl::StatusOr<RunningContainer> ContainerRuntime::Start(
   spec.log_path = launch.log_path;
   if (!launch.secrets_dir.empty())
     spec.mounts.push_back({launch.secrets_dir, kContainerSecretsDir, true});
-  auto net = cni_->Add(launch.id);
-  if (!net.ok()) return net.status();
-  spec.netns = net->netns;
-  RunningContainer running{launch.id, net->ip, net->netns};
-  absl::Status s = client_->Create(spec);
+  if (absl::Status s = client_->Create(spec); !s.ok()) {
+    Stop(launch.id).IgnoreError();
+    return s;
+  }
+  // The task's network namespace (runc made it) is connected before its
+  // process runs, and held until Stop.
+  auto pid = client_->Pid(launch.id);
+  int fd = -1;
+  if (pid.ok()) {
+    fd = open(absl::StrCat("/proc/", *pid, "/ns/net").c_str(),
+              O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      absl::MutexLock l(&mu_);
+      netns_fds_[launch.id] = fd;
+    }
+  }
+  if (fd < 0) {
+    absl::Status why =
+        pid.ok() ? absl::InternalError(absl::StrCat(
+                       "cannot open the network namespace of container ",
+                       launch.id, ": ", strerror(errno)))
+                 : pid.status();
+    Stop(launch.id).IgnoreError();
+    return why;
+  }
+  auto ip = cni_->Add(launch.id, absl::StrCat("/proc/", getpid(), "/fd/", fd));
+  absl::Status s = ip.status();
   if (s.ok()) s = client_->Start(launch.id);
   if (!s.ok()) {
     Stop(launch.id).IgnoreError();
     return s;
   }
+  RunningContainer running{launch.id, *ip,
+                           absl::StrCat("/proc/", *pid, "/ns/net")};
   auto deadline = Clock::now() + timeout;
   for (;;) {
     if (WatchdogHealthy(running.ip, kWatchdogPort,
@@ -147,11 +173,46 @@ void ContainerLease::Release() {
 }
 
 absl::Status ContainerRuntime::Stop(const std::string& id) {
+  int fd = -1;
+  {
+    absl::MutexLock l(&mu_);
+    if (auto it = netns_fds_.find(id); it != netns_fds_.end()) {
+      fd = it->second;
+      netns_fds_.erase(it);
+    }
+  }
   absl::Status deleted = client_->Delete(id);
   if (absl::IsNotFound(deleted)) deleted = absl::OkStatus();
-  // After the container: the plugins undo their work in its namespace.
-  absl::Status unplugged = cni_->Del(id);
+  // After the container, through the namespace still held: the plugins
+  // undo their work in it.
+  absl::Status unplugged =
+      cni_->Del(id, fd < 0 ? "" : absl::StrCat("/proc/", getpid(), "/fd/", fd));
+  if (fd >= 0) close(fd);
   return deleted.ok() ? unplugged : deleted;
+}
+
+std::vector<std::string> ContainerRuntime::RemoveOthers() {
+  std::vector<std::string> removed;
+  auto ids = client_->List();
+  if (!ids.ok()) return removed;
+  for (const std::string& id : *ids) {
+    {
+      absl::MutexLock l(&mu_);
+      if (netns_fds_.contains(id)) continue;
+    }
+    // Its network through its namespace while its task still runs (the
+    // interface and rules go too), then the container.
+    auto pid = client_->Pid(id);
+    std::string netns = pid.ok() ? absl::StrCat("/proc/", *pid, "/ns/net") : "";
+    if (!cni_->Del(id, netns).ok() && !netns.empty())
+      cni_->Del(id, "").IgnoreError();
+    absl::Status s = client_->Delete(id);
+    if (!s.ok() && !absl::IsNotFound(s))
+      fprintf(stderr, "silt-invoker: removing container %s: %s\n", id.c_str(),
+              std::string(s.message()).c_str());
+    removed.push_back(id);
+  }
+  return removed;
 }
 
 }  // namespace silt::invoker

@@ -3,7 +3,8 @@
 // deployment's environment over the image's, secrets read-only at
 // /var/openfaas/secrets, the function's memory and CPU limits, a read-only
 // root unless asked otherwise, and a network namespace of its own on the
-// node's CNI bridge. It is ready when its watchdog answers GET /_/health on
+// node's CNI bridge (connected between task create and start, as faasd
+// does). It is ready when its watchdog answers GET /_/health on
 // :8080 with 200, as faasd's gateway expects.
 //
 // Thread safety: Start and Stop may run at once for different instances.
@@ -12,11 +13,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "containerd/cni.h"
 #include "containerd/containerd.h"
 
@@ -39,7 +43,7 @@ struct ContainerLaunch {
 struct RunningContainer {
   std::string id;
   std::string ip;     // on the node's bridge; the watchdog at ip:8080
-  std::string netns;  // its network namespace (a path)
+  std::string netns;  // its network namespace (/proc/PID/ns/net)
 };
 
 class ContainerRuntime {
@@ -57,10 +61,19 @@ class ContainerRuntime {
   // Stops the instance: its container, snapshot and network. OK when
   // there is nothing left of it.
   absl::Status Stop(const std::string& id);
+  // Removes the namespace's containers this runtime did not start (an
+  // earlier invoker's: containers outlive it, instances do not), with their
+  // networks. What it removed, by id.
+  std::vector<std::string> RemoveOthers();
 
  private:
   const std::shared_ptr<containerd::Client> client_;
   const std::shared_ptr<containerd::Cni> cni_;
+  // A descriptor of each started container's network namespace, held so
+  // the plugins can undo their work in it after its processes are gone
+  // (an instance killed for its memory limit).
+  absl::Mutex mu_;
+  std::map<std::string, int> netns_fds_ ABSL_GUARDED_BY(mu_);
 };
 
 // An instance's container, stopped (ContainerRuntime::Stop) when this goes.

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -78,6 +79,15 @@ class ImagesTest : public ::testing::Test {
       if (i.value("name", "") == name)
         for (const auto& n : i["nodes"]) nodes.insert(n.get<std::string>());
     return nodes;
+  }
+
+  // The containers in the node's containerd (the invoker's namespace).
+  std::vector<std::string> NodeContainers(const std::string& node) {
+    auto c = containerd::Client::Connect(
+        dir_ + "/" + node + "/containerd/containerd.sock", "silt");
+    if (!c.ok()) return {};
+    auto ids = (*c)->List();
+    return ids.ok() ? *ids : std::vector<std::string>{};
   }
 
   // What the node's own containerd holds in the invoker's namespace.
@@ -214,6 +224,31 @@ TEST_F(ImagesTest, AnImportedImageRunsAsAFunction) {
   EXPECT_TRUE(Eventually([&] {
     return absl::StrContains(cluster_->Silt({"logs", "echo"}).out, "handled");
   }));
+
+  // The invoker of the node running it dies: its container outlives it (its
+  // shim), and the restarted invoker removes it.
+  std::string host;
+  std::vector<std::string> before;
+  for (const char* n : {"node-a", "node-b"})
+    if (auto ids = NodeContainers(n); !ids.empty()) {
+      host = n;
+      before = ids;
+    }
+  ASSERT_FALSE(host.empty());
+  cluster_->StopNode(host, SIGKILL);
+  ASSERT_TRUE(cluster_->WaitNodes(1).ok());
+  EXPECT_EQ(NodeContainers(host), before);
+  ASSERT_TRUE(cluster_->AddNode({.name = host}).ok());
+  ASSERT_TRUE(cluster_->WaitNodes(2).ok());
+  EXPECT_TRUE(Eventually([&] {
+    for (const std::string& id : NodeContainers(host))
+      if (std::find(before.begin(), before.end(), id) != before.end())
+        return false;
+    return true;
+  }));
+  call = cluster_->gateway().Call("POST", "/function/echo", "again");
+  EXPECT_EQ(call.status, 200) << call.body;
+  EXPECT_EQ(call.body, "POST /  hi\nagain");
 
   // An image that was never imported is refused at deploy.
   r = cluster_->Silt({"deploy", "--name", "other", "--image", "silt/none:1"});

@@ -1,16 +1,12 @@
 #include "containerd/cni.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <spawn.h>
-#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -130,73 +126,37 @@ std::string Cni::BridgeConfig() const {
   return net.dump();
 }
 
-std::string Cni::NetnsPath(const std::string& id) const {
-  return options_.state_dir + "/netns/" + id;
-}
-
-absl::StatusOr<Cni::Attachment> Cni::Add(const std::string& id) {
-  Attachment a;
-  a.netns = NetnsPath(id);
-  std::error_code ec;
-  std::filesystem::create_directories(options_.state_dir + "/netns", ec);
-  int fd = open(a.netns.c_str(), O_CREAT | O_EXCL | O_RDONLY | O_CLOEXEC, 0444);
-  if (fd < 0)
-    return errno == EEXIST
-               ? absl::AlreadyExistsError(
-                     absl::StrCat("container ", id, " has a network already"))
-               : absl::InternalError(absl::StrCat("cannot create ", a.netns,
-                                                  ": ", strerror(errno)));
-  close(fd);
-  // A thread of its own enters a new namespace (only it: unshare acts on the
-  // calling thread) and pins it to the file before it ends.
-  int err = 0;
-  std::thread([&] {
-    if (unshare(CLONE_NEWNET) != 0 ||
-        mount("/proc/thread-self/ns/net", a.netns.c_str(), nullptr, MS_BIND,
-              nullptr) != 0)
-      err = errno;
-  }).join();
-  if (err != 0) {
-    unlink(a.netns.c_str());
-    return absl::InternalError(absl::StrCat(
-        "cannot make a network namespace for ", id, ": ", strerror(err)));
-  }
+absl::StatusOr<std::string> Cni::Add(const std::string& id,
+                                     const std::string& netns) {
   json lo = {{"cniVersion", kVersion}, {"name", "lo"}, {"type", "loopback"}};
   absl::StatusOr<std::string> r =
-      Run("loopback", "ADD", id, a.netns, "lo", lo.dump());
-  if (r.ok()) r = Run("bridge", "ADD", id, a.netns, "eth0", BridgeConfig());
+      Run("loopback", "ADD", id, netns, "lo", lo.dump());
+  if (r.ok()) r = Run("bridge", "ADD", id, netns, "eth0", BridgeConfig());
+  std::string ip;
   if (r.ok()) {
     json result = json::parse(*r, nullptr, false);
     if (result.is_object() && result.contains("ips") &&
         result["ips"].is_array())
-      for (const auto& ip : result["ips"])
-        if (ip.is_object() && ip.contains("address") &&
-            ip["address"].is_string()) {
-          std::string addr = ip["address"].get<std::string>();
-          a.ip = addr.substr(0, addr.find('/'));
+      for (const auto& a : result["ips"])
+        if (a.is_object() && a.contains("address") &&
+            a["address"].is_string()) {
+          std::string addr = a["address"].get<std::string>();
+          ip = addr.substr(0, addr.find('/'));
           break;
         }
-    if (a.ip.empty())
+    if (ip.empty())
       r = absl::InternalError(
           absl::StrCat("CNI bridge gave ", id, " no address: ", *r));
   }
   if (!r.ok()) {
-    Del(id).IgnoreError();
+    Del(id, netns).IgnoreError();
     return r.status();
   }
-  return a;
+  return ip;
 }
 
-absl::Status Cni::Del(const std::string& id) {
-  std::string netns = NetnsPath(id);
-  bool pinned = access(netns.c_str(), F_OK) == 0;
-  // Without its namespace the plugin still gives the address back.
-  auto r =
-      Run("bridge", "DEL", id, pinned ? netns : "", "eth0", BridgeConfig());
-  if (pinned) {
-    umount2(netns.c_str(), MNT_DETACH);
-    unlink(netns.c_str());
-  }
+absl::Status Cni::Del(const std::string& id, const std::string& netns) {
+  auto r = Run("bridge", "DEL", id, netns, "eth0", BridgeConfig());
   return r.ok() ? absl::OkStatus() : r.status();
 }
 

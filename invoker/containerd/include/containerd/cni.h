@@ -3,9 +3,12 @@
 // host-local IPAM and masquerading for its egress, by running the CNI plugins
 // (Debian's containernetworking-plugins) as the CNI spec says: one process
 // per operation, the network's config on stdin, the result on stdout. The
-// namespace is made here and kept by a bind mount (as CRI runtimes do), so it
-// outlives the container's processes until Del: the plugins need it to undo
-// what they did.
+// namespace is the container's own, made by runc with its task: as faasd
+// does, the plugins get it as a path (/proc/PID/ns/net of the created task,
+// or a held descriptor's /proc/PID/fd/N) between task create and start. No
+// bind mount pins it, so nothing depends on which mount namespace containerd
+// and the invoker run in (a restarted invoker adopts a containerd started by
+// the one before, in the mount namespace that one had).
 //
 // Thread safety: Add and Del may run at once (host-local locks its store).
 #ifndef SILT_CONTAINERD_CNI_H_
@@ -30,19 +33,18 @@ class Cni {
   // FailedPrecondition when the plugins are not installed.
   static absl::StatusOr<std::unique_ptr<Cni>> Create(CniOptions options);
 
-  struct Attachment {
-    std::string netns;  // the namespace's path (ContainerSpec::netns)
-    std::string ip;     // its IPv4 address on the bridge ("10.62.0.5")
-  };
-  // Makes container `id` a network namespace, connected.
-  absl::StatusOr<Attachment> Add(const std::string& id);
-  // Undoes Add: the address goes back to the pool, the masquerading rules
-  // and the namespace go. OK when there was nothing to undo.
-  absl::Status Del(const std::string& id);
+  // Connects container `id`'s network namespace (`netns`, a path to it) to
+  // the bridge: its IPv4 address there ("10.62.0.5").
+  absl::StatusOr<std::string> Add(const std::string& id,
+                                  const std::string& netns);
+  // Undoes Add: the address goes back to the pool; with the namespace
+  // (still alive) also the interface and the masquerading rules; with
+  // `netns` empty (the namespace is gone) only the address. OK when there
+  // was nothing to undo.
+  absl::Status Del(const std::string& id, const std::string& netns);
 
  private:
   explicit Cni(CniOptions options) : options_(std::move(options)) {}
-  std::string NetnsPath(const std::string& id) const;
   absl::StatusOr<std::string> Run(const std::string& plugin,
                                   const std::string& command,
                                   const std::string& id,
