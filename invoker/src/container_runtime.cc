@@ -1,16 +1,15 @@
 #include "container_runtime.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -107,40 +106,26 @@ absl::StatusOr<RunningContainer> ContainerRuntime::Start(
   spec.log_path = launch.log_path;
   if (!launch.secrets_dir.empty())
     spec.mounts.push_back({launch.secrets_dir, kContainerSecretsDir, true});
-  if (absl::Status s = client_->Create(spec); !s.ok()) {
-    Stop(launch.id).IgnoreError();
-    return s;
+  // Its network first (a namespace of its own on the bridge), held until
+  // Stop; then the container joins it.
+  auto netns = containerd::NetworkNamespace::Create();
+  if (!netns.ok()) return netns.status();
+  spec.netns = netns->path();
+  {
+    absl::MutexLock l(&mu_);
+    if (!netns_.try_emplace(launch.id, *std::move(netns)).second)
+      return absl::AlreadyExistsError(
+          absl::StrCat("container ", launch.id, " runs already"));
   }
-  // The task's network namespace (runc made it) is connected before its
-  // process runs, and held until Stop.
-  auto pid = client_->Pid(launch.id);
-  int fd = -1;
-  if (pid.ok()) {
-    fd = open(absl::StrCat("/proc/", *pid, "/ns/net").c_str(),
-              O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      absl::MutexLock l(&mu_);
-      netns_fds_[launch.id] = fd;
-    }
-  }
-  if (fd < 0) {
-    absl::Status why =
-        pid.ok() ? absl::InternalError(absl::StrCat(
-                       "cannot open the network namespace of container ",
-                       launch.id, ": ", strerror(errno)))
-                 : pid.status();
-    Stop(launch.id).IgnoreError();
-    return why;
-  }
-  auto ip = cni_->Add(launch.id, absl::StrCat("/proc/", getpid(), "/fd/", fd));
+  auto ip = cni_->Add(launch.id, spec.netns);
   absl::Status s = ip.status();
+  if (s.ok()) s = client_->Create(spec);
   if (s.ok()) s = client_->Start(launch.id);
   if (!s.ok()) {
     Stop(launch.id).IgnoreError();
     return s;
   }
-  RunningContainer running{launch.id, *ip,
-                           absl::StrCat("/proc/", *pid, "/ns/net")};
+  RunningContainer running{launch.id, *ip, spec.netns};
   auto deadline = Clock::now() + timeout;
   for (;;) {
     if (WatchdogHealthy(running.ip, kWatchdogPort,
@@ -173,21 +158,19 @@ void ContainerLease::Release() {
 }
 
 absl::Status ContainerRuntime::Stop(const std::string& id) {
-  int fd = -1;
+  std::optional<containerd::NetworkNamespace> netns;
   {
     absl::MutexLock l(&mu_);
-    if (auto it = netns_fds_.find(id); it != netns_fds_.end()) {
-      fd = it->second;
-      netns_fds_.erase(it);
+    if (auto it = netns_.find(id); it != netns_.end()) {
+      netns = std::move(it->second);
+      netns_.erase(it);
     }
   }
   absl::Status deleted = client_->Delete(id);
   if (absl::IsNotFound(deleted)) deleted = absl::OkStatus();
   // After the container, through the namespace still held: the plugins
   // undo their work in it.
-  absl::Status unplugged =
-      cni_->Del(id, fd < 0 ? "" : absl::StrCat("/proc/", getpid(), "/fd/", fd));
-  if (fd >= 0) close(fd);
+  absl::Status unplugged = cni_->Del(id, netns ? netns->path() : "");
   return deleted.ok() ? unplugged : deleted;
 }
 
@@ -198,7 +181,7 @@ std::vector<std::string> ContainerRuntime::RemoveOthers() {
   for (const std::string& id : *ids) {
     {
       absl::MutexLock l(&mu_);
-      if (netns_fds_.contains(id)) continue;
+      if (netns_.contains(id)) continue;
     }
     // Its network through its namespace while its task still runs (the
     // interface and rules go too), then the container.

@@ -43,7 +43,7 @@ struct ContainerLaunch {
 struct RunningContainer {
   std::string id;
   std::string ip;     // on the node's bridge; the watchdog at ip:8080
-  std::string netns;  // its network namespace (/proc/PID/ns/net)
+  std::string netns;  // its network namespace (a /proc path)
 };
 
 class ContainerRuntime {
@@ -69,11 +69,12 @@ class ContainerRuntime {
  private:
   const std::shared_ptr<containerd::Client> client_;
   const std::shared_ptr<containerd::Cni> cni_;
-  // A descriptor of each started container's network namespace, held so
-  // the plugins can undo their work in it after its processes are gone
-  // (an instance killed for its memory limit).
+  // Each started container's network namespace, held until Stop (also so
+  // the plugins can undo their work in it after its processes are gone: an
+  // instance killed for its memory limit).
   absl::Mutex mu_;
-  std::map<std::string, int> netns_fds_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, containerd::NetworkNamespace> netns_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // An instance's container, stopped (ContainerRuntime::Stop) when this goes.

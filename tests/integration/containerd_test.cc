@@ -7,7 +7,6 @@
 // broken archives refused with nothing left behind.
 #include "containerd/containerd.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -344,27 +343,25 @@ TEST_F(ContainerdTest, ContainersGetAnAddressOnTheBridgeThroughCni) {
   } drop{bridge};
   std::vector<std::string> addresses;
   for (const char* id : {"net-a", "net-b"}) {
-    // As faasd does: the task's own namespace, connected between create and
-    // start, held (a descriptor) until the plugins undid their work.
+    // The namespace first, held (its descriptor) until the plugins undid
+    // their work; the container joins it.
+    auto netns = NetworkNamespace::Create();
+    ASSERT_TRUE(netns.ok()) << netns.status();
+    auto ip = (*cni)->Add(id, netns->path());
+    ASSERT_TRUE(ip.ok()) << ip.status();
+    addresses.push_back(*ip);
     auto spec = Spec(id, "ip -4 addr show eth0; ping -c 1 -W 5 10.199.7.1");
+    spec.netns = netns->path();
     ASSERT_TRUE(client_->Create(spec).ok());
     auto pid = client_->Pid(id);
     ASSERT_TRUE(pid.ok()) << pid.status();
     EXPECT_GT(*pid, 0);
-    int fd = open(absl::StrCat("/proc/", *pid, "/ns/net").c_str(),
-                  O_RDONLY | O_CLOEXEC);
-    ASSERT_GE(fd, 0);
-    std::string netns = absl::StrCat("/proc/", getpid(), "/fd/", fd);
-    auto ip = (*cni)->Add(id, netns);
-    ASSERT_TRUE(ip.ok()) << ip.status();
-    addresses.push_back(*ip);
     ASSERT_TRUE(client_->Start(id).ok());
     auto exit = client_->Wait(id, seconds(30));
     ASSERT_TRUE(exit.ok()) << exit.status();
     ASSERT_TRUE(client_->Delete(id).ok());
     // After the container: the held namespace still has the interface.
-    EXPECT_TRUE((*cni)->Del(id, netns).ok());
-    close(fd);
+    EXPECT_TRUE((*cni)->Del(id, netns->path()).ok());
     std::string log = ReadFile(dir_ + "/" + id + ".log");
     EXPECT_EQ(*exit, 0u) << log;  // reached the bridge (its gateway)
     EXPECT_TRUE(absl::StrContains(log, "inet " + *ip + "/24")) << log;

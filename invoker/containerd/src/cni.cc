@@ -1,12 +1,14 @@
 #include "containerd/cni.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +24,38 @@ using nlohmann::json;
 constexpr char kVersion[] = "0.4.0";
 
 }  // namespace
+
+absl::StatusOr<NetworkNamespace> NetworkNamespace::Create() {
+  // A thread of its own enters a new namespace (unshare acts on the calling
+  // thread only) and opens it before it ends.
+  int fd = -1, err = 0;
+  std::thread([&] {
+    if (unshare(CLONE_NEWNET) != 0 ||
+        (fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC)) < 0)
+      err = errno;
+  }).join();
+  if (fd < 0)
+    return absl::InternalError(
+        absl::StrCat("cannot make a network namespace: ", strerror(err)));
+  return NetworkNamespace(fd);
+}
+
+NetworkNamespace& NetworkNamespace::operator=(NetworkNamespace&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+NetworkNamespace::~NetworkNamespace() {
+  if (fd_ >= 0) close(fd_);
+}
+
+std::string NetworkNamespace::path() const {
+  return absl::StrCat("/proc/", getpid(), "/fd/", fd_);
+}
 
 absl::StatusOr<std::unique_ptr<Cni>> Cni::Create(CniOptions options) {
   for (const char* p : {"bridge", "host-local", "loopback"})

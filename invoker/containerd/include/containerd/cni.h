@@ -2,11 +2,12 @@
 // namespace with loopback and an eth0 on the node's bridge, an address from
 // host-local IPAM and masquerading for its egress, by running the CNI plugins
 // (Debian's containernetworking-plugins) as the CNI spec says: one process
-// per operation, the network's config on stdin, the result on stdout. The
-// namespace is the container's own, made by runc with its task: as faasd
-// does, the plugins get it as a path (/proc/PID/ns/net of the created task,
-// or a held descriptor's /proc/PID/fd/N) between task create and start. No
-// bind mount pins it, so nothing depends on which mount namespace containerd
+// per operation, the network's config on stdin, the result on stdout. A
+// container's namespace is made by NetworkNamespace and held by its
+// descriptor, named by a /proc path (/proc/PID/fd/N): the plugins, runc
+// (ContainerSpec::netns, an external namespace CRIU leaves out of a
+// checkpoint) and a sandbox joining it all reach it through /proc, so no
+// bind mount pins it and nothing depends on which mount namespace containerd
 // and the invoker run in (a restarted invoker adopts a containerd started by
 // the one before, in the mount namespace that one had).
 //
@@ -26,6 +27,21 @@ struct CniOptions {
   std::string subnet = "10.62.0.0/16";
   std::string plugin_dir = "/usr/lib/cni";
   std::string state_dir;  // host-local's address leases (required)
+};
+
+// A new network namespace with nothing in it, held by its descriptor.
+class NetworkNamespace {
+ public:
+  static absl::StatusOr<NetworkNamespace> Create();
+  NetworkNamespace(NetworkNamespace&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  NetworkNamespace& operator=(NetworkNamespace&& o) noexcept;
+  ~NetworkNamespace();
+  // Its path while this lives: /proc/<this process>/fd/<fd>.
+  std::string path() const;
+
+ private:
+  explicit NetworkNamespace(int fd) : fd_(fd) {}
+  int fd_ = -1;
 };
 
 class Cni {
