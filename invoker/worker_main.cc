@@ -668,7 +668,7 @@ class ClassicRuntime {
 class HttpRuntime {
  public:
   absl::Status Start(const WorkerConfig& cfg) {
-    const bool container = cfg.kind() == "container";
+    const bool container = container_ = cfg.kind() == "container";
     std::vector<std::string> argv = SplitCommand(cfg.entry());
     if (argv.empty() && !container)
       return absl::InvalidArgumentError("empty fprocess");
@@ -726,6 +726,7 @@ class HttpRuntime {
   // on in parts as the server writes them.
   WorkerReply Call(const WorkerCall& c) {
     auto start = std::chrono::steady_clock::now();
+    bool broke = false;  // a connection broke off before an answer came
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (!stream_ && !Connect().ok()) break;
       http::request<http::string_body> req;
@@ -752,6 +753,7 @@ class HttpRuntime {
       if (ec) {
         stream_
             .reset();  // stale keep-alive connection: retry once on a new one
+        broke = true;
         continue;
       }
       auto& res = parser.get();
@@ -777,10 +779,9 @@ class HttpRuntime {
         }
         if (ec) {
           stream_.reset();
-          return Error(ec == beast::error::timeout ? 504 : 502,
-                       ec == beast::error::timeout
-                           ? "function server timed out"
-                           : "the function server's answer broke off");
+          if (ec == beast::error::timeout)
+            return Error(504, "function server timed out");
+          return Lost(Error(502, "the function server's answer broke off"));
         }
         auto* d = r.add_headers();
         d->set_name("X-Duration-Seconds");
@@ -794,7 +795,9 @@ class HttpRuntime {
       }
       return Relay(parser, buffer, r, c.seq());
     }
-    return Error(502, "cannot reach the function server");
+    return Lost(Error(502, broke ? "the function server broke the connection "
+                                   "off without an answer"
+                                 : "cannot reach the function server"));
   }
 
   // Sends the head at once, then passes the body on as it comes, each read a
@@ -850,8 +853,17 @@ class HttpRuntime {
     stream_ = std::move(s);
     return absl::OkStatus();
   }
+  // A container's watchdog that takes no connection, or breaks one off,
+  // is gone with its container (which the invoker sees to): this instance
+  // is lost. A function server of an exec bundle is the worker's own.
+  WorkerReply Lost(WorkerReply r) const {
+    if (container_) r.set_instance_lost(true);
+    return r;
+  }
+
   static constexpr uint64_t kWholeBody = 1 << 20;
   static constexpr size_t kPartBuffer = 64 << 10;
+  bool container_ = false;
 
   asio::io_context ioc_;
   std::unique_ptr<beast::tcp_stream> stream_;

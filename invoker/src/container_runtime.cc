@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -172,6 +173,32 @@ absl::Status ContainerRuntime::Stop(const std::string& id) {
   // undo their work in it.
   absl::Status unplugged = cni_->Del(id, netns ? netns->path() : "");
   return deleted.ok() ? unplugged : deleted;
+}
+
+std::string ContainerRuntime::WhyLost(const std::string& id,
+                                      std::chrono::milliseconds wait) {
+  // The memory cgroup's OOM kills (cgroup v1: memory.oom_control; v2:
+  // memory.events).
+  uint64_t oom_kills = 0;
+  const std::string cgroup = client_->CgroupPath(id);
+  for (const std::string& path :
+       {absl::StrCat("/sys/fs/cgroup/memory", cgroup, "/memory.oom_control"),
+        absl::StrCat("/sys/fs/cgroup", cgroup, "/memory.events")}) {
+    std::ifstream in(path);
+    for (std::string key; in >> key;) {
+      uint64_t v = 0;
+      in >> v;
+      if (key == "oom_kill") oom_kills = std::max(oom_kills, v);
+    }
+  }
+  auto exited = client_->Wait(id, wait);
+  std::string why =
+      exited.ok() ? absl::StrCat("its container exited with status ", *exited)
+                  : "its container's watchdog broke off the call";
+  if (oom_kills > 0)
+    absl::StrAppend(&why, " (", oom_kills,
+                    " process(es) killed at the function's memory limit)");
+  return why;
 }
 
 std::vector<std::string> ContainerRuntime::RemoveOthers() {

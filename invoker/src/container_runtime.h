@@ -61,6 +61,10 @@ class ContainerRuntime {
   // Stops the instance: its container, snapshot and network. OK when
   // there is nothing left of it.
   absl::Status Stop(const std::string& id);
+  // Why container `id` no longer serves, for a call's answer and the log:
+  // its exit status (waited for up to `wait`), and whether its memory
+  // limit killed something in it.
+  std::string WhyLost(const std::string& id, std::chrono::milliseconds wait);
   // Removes the namespace's containers this runtime did not start (an
   // earlier invoker's: containers outlive it, instances do not), with their
   // networks. What it removed, by id.
@@ -92,6 +96,10 @@ class ContainerLease {
   }
   ~ContainerLease() { Release(); }
   bool held() const { return runtime_ != nullptr; }
+  // ContainerRuntime::WhyLost of this instance's container.
+  std::string WhyLost() const {
+    return runtime_ ? runtime_->WhyLost(id_, std::chrono::seconds(1)) : "";
+  }
 
  private:
   void Release();

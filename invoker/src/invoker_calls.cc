@@ -367,6 +367,18 @@ void Invoker::Impl::Call(call_wire::Request& req, RequestBody* body,
                                 std::move(*h.mutable_value()));
   }
   res->body = std::move(*reply.mutable_body());
+  if (reply.instance_lost()) {
+    // Its container is gone (or going): the call says why, the instance is
+    // replaced.
+    std::string why = inst->container.WhyLost();
+    logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), res->instance,
+                absl::StrCat("silt: instance lost: ", why));
+    if (!stream.started())
+      res->body = absl::StrCat("function ", req.name, " instance ",
+                               res->instance, ": ", why, ": ", res->body);
+    Release(*pool, std::move(inst), /*keep=*/false);
+    return;
+  }
   // The first call after a lazy restore records what it touched: the
   // instance's first call to end, when it takes several at once.
   std::string record;

@@ -1,10 +1,21 @@
-// A stand-in for OpenFaaS's classic watchdog, for test images (this machine
-// reaches no registry to fetch the real one): listens on :8080 (or $port),
-// answers GET /_/health with 200 once started, and runs $fprocess once per
-// request with the request body on stdin and the request in Http_* variables
-// (Http_Method, Http_Path, Http_Query, Http_ContentLength, Http_<Header>),
-// answering with its stdout (200), or 500 and its stderr when it fails.
-// Built static (tests/CMakeLists.txt) so it runs in a root of its own.
+// A stand-in for OpenFaaS's watchdogs, for test images (this machine reaches
+// no registry to fetch the real ones). It listens on :8080 (or $port) and
+// answers GET /_/health with 200 once started. Two modes, as the real ones:
+//  - classic (default, fwatchdog): runs $fprocess once per request with the
+//    request body on stdin and the request in Http_* variables (Http_Method,
+//    Http_Path, Http_Query, Http_ContentLength, Http_<Header>), answering
+//    with its stdout (200), or 500 and its stderr when it fails;
+//  - mode=http (of-watchdog): starts $fprocess once, a server listening at
+//    $upstream_url, and passes each request to it and its answer back as
+//    the server writes it; healthy once the server takes connections; when
+//    the server exits, so does the watchdog ("Forked function has
+//    terminated").
+// `watchdog echo-server [PORT]` is such a server for the tests: it listens on
+// PORT ($port) and answers with the request: status from X-Status (200),
+// X-Echo: "METHOD PATH QUERY", each X-* request header back as X-Echo-*, the
+// body as sent, its Content-Type. GET /alloc?mib=N first fills N MiB (to meet a
+// memory limit). Built static (tests/CMakeLists.txt) so it runs in a root of
+// its own.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -171,11 +182,204 @@ void Serve(int fd) {
   close(fd);
 }
 
+// One request read whole (head and a Content-Length body): false when the
+// peer went away first.
+struct Request {
+  std::string head, body, method, target;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+bool ReadRequest(int fd, Request* r) {
+  std::string data;
+  size_t end;
+  char buf[65536];
+  while ((end = data.find("\r\n\r\n")) == std::string::npos) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0 || data.size() > (1 << 20)) return false;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  r->head = data.substr(0, end + 4);
+  r->body = data.substr(end + 4);
+  std::istringstream head(data.substr(0, end));
+  std::string version, line;
+  head >> r->method >> r->target >> version;
+  std::getline(head, line);
+  size_t length = 0;
+  while (std::getline(head, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon), value = line.substr(colon + 1);
+    while (!value.empty() && value.front() == ' ') value.erase(0, 1);
+    std::string lower = name;
+    for (char& c : lower) c = static_cast<char>(tolower(c));
+    if (lower == "content-length")
+      length = strtoull(value.c_str(), nullptr, 10);
+    r->headers.emplace_back(name, value);
+  }
+  while (r->body.size() < length) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) return false;
+    r->body.append(buf, static_cast<size_t>(n));
+  }
+  return true;
+}
+
+int Listen(int port) {
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      listen(s, 128) != 0) {
+    perror("watchdog: listen");
+    exit(1);
+  }
+  return s;
+}
+
+void EchoOne(int fd) {
+  Request r;
+  if (!ReadRequest(fd, &r)) {
+    close(fd);
+    return;
+  }
+  std::string path = r.target, query;
+  if (size_t q = r.target.find('?'); q != std::string::npos) {
+    path = r.target.substr(0, q);
+    query = r.target.substr(q + 1);
+  }
+  if (path == "/alloc") {
+    size_t mib =
+        strtoull(query.substr(query.find('=') + 1).c_str(), nullptr, 10);
+    char* p = static_cast<char*>(malloc(mib << 20));
+    for (size_t i = 0; p != nullptr && i < (mib << 20); i += 4096) p[i] = 1;
+    free(p);
+  }
+  std::string status = "200", extra, type = "application/octet-stream";
+  for (const auto& [name, value] : r.headers) {
+    std::string lower = name;
+    for (char& c : lower) c = static_cast<char>(tolower(c));
+    if (lower == "x-status")
+      status = value;
+    else if (lower == "content-type")
+      type = value;
+    else if (lower.rfind("x-", 0) == 0)
+      extra += "X-Echo-" + name.substr(2) + ": " + value + "\r\n";
+  }
+  WriteAll(fd, "HTTP/1.1 " + status + " Echo\r\nX-Echo: " + r.method + " " +
+                   path + " " + query + "\r\n" + extra +
+                   "Content-Type: " + type +
+                   "\r\nContent-Length: " + std::to_string(r.body.size()) +
+                   "\r\nConnection: close\r\n\r\n" + r.body);
+  close(fd);
+}
+
+// mode=http: one request to the upstream server and its answer back, as it
+// comes (one connection per request).
+void ProxyOne(int fd, const sockaddr_in& upstream) {
+  Request r;
+  if (!ReadRequest(fd, &r)) {
+    close(fd);
+    return;
+  }
+  if (r.target == "/_/health") {
+    Respond(fd, 200, "OK");
+    close(fd);
+    return;
+  }
+  int u = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (connect(u, reinterpret_cast<const sockaddr*>(&upstream),
+              sizeof upstream) != 0) {
+    close(u);
+    WriteAll(fd,
+             "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n"
+             "Connection: close\r\n\r\n");
+    close(fd);
+    return;
+  }
+  WriteAll(u, r.head + r.body);
+  shutdown(u, SHUT_WR);
+  char buf[65536];
+  for (;;) {
+    ssize_t n = read(u, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (!WriteAll(fd, std::string(buf, static_cast<size_t>(n)))) break;
+  }
+  close(u);
+  close(fd);
+}
+
+int HttpMode(int port) {
+  const char* fprocess = getenv("fprocess");
+  const char* url = getenv("upstream_url");
+  if (fprocess == nullptr || url == nullptr) {
+    fprintf(stderr, "watchdog: mode=http needs fprocess and upstream_url\n");
+    return 1;
+  }
+  std::string u = url;  // http://127.0.0.1:8082
+  if (u.rfind("http://", 0) == 0) u = u.substr(7);
+  sockaddr_in upstream{};
+  upstream.sin_family = AF_INET;
+  size_t colon = u.find(':');
+  upstream.sin_port = htons(static_cast<uint16_t>(
+      colon == std::string::npos ? 80 : atoi(u.c_str() + colon + 1)));
+  inet_pton(AF_INET, u.substr(0, colon).c_str(), &upstream.sin_addr);
+  std::vector<std::string> argv;
+  std::istringstream words(fprocess);
+  for (std::string w; words >> w;) argv.push_back(w);
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t child = fork();
+  if (child == 0) {
+    execvp(args[0], args.data());
+    fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
+    _exit(127);
+  }
+  std::thread([child] {
+    int status = 0;
+    waitpid(child, &status, 0);
+    fprintf(stderr, "Forked function has terminated: %s %d\n",
+            WIFSIGNALED(status) ? "signal" : "status",
+            WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    _exit(1);
+  }).detach();
+  // Healthy (listening) once the server takes connections.
+  for (;;) {
+    int t = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool up = connect(t, reinterpret_cast<sockaddr*>(&upstream),
+                      sizeof upstream) == 0;
+    close(t);
+    if (up) break;
+    usleep(2000);
+  }
+  int s = Listen(port);
+  fprintf(stderr, "watchdog: mode=http on :%d, upstream %s\n", port, url);
+  for (;;) {
+    int fd = accept4(s, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    std::thread(ProxyOne, fd, upstream).detach();
+  }
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   int port = getenv("port") ? atoi(getenv("port")) : 8080;
+  if (argc > 1 && std::string(argv[1]) == "echo-server") {
+    int s = Listen(argc > 2 ? atoi(argv[2]) : port);
+    for (;;) {
+      int fd = accept4(s, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) EchoOne(fd);
+    }
+  }
+  if (getenv("mode") != nullptr && std::string(getenv("mode")) == "http")
+    return HttpMode(port);
   int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);

@@ -239,6 +239,10 @@ absl::Status Client::Delete(const std::string& id) {
   return absl::OkStatus();
 }
 
+std::string Client::CgroupPath(const std::string& id) const {
+  return CgroupPathOf(impl_->ns, id);
+}
+
 absl::StatusOr<std::vector<std::string>> Client::List() {
   containers::ListContainersRequest req;
   containers::ListContainersResponse res;

@@ -84,7 +84,7 @@ std::string OciSpecJson(const ContainerSpec& spec, const std::string& ns) {
                                   {{"type", "uts"}},
                                   {{"type", "mount"}}})},
       {"resources", resources},
-      {"cgroupsPath", "/silt-" + ns + "/" + spec.id},
+      {"cgroupsPath", CgroupPathOf(ns, spec.id)},
       {"maskedPaths",
        {"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
         "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",

@@ -10,6 +10,10 @@ namespace silt::containerd {
 
 // `ns`: the containerd namespace (the container's cgroup is /silt-NS/ID).
 std::string OciSpecJson(const ContainerSpec& spec, const std::string& ns);
+// The cgroup of container `id` of namespace `ns` (Client::CgroupPath).
+inline std::string CgroupPathOf(const std::string& ns, const std::string& id) {
+  return "/silt-" + ns + "/" + id;
+}
 
 }  // namespace silt::containerd
 

@@ -96,6 +96,8 @@ class Client {
   absl::Status Delete(const std::string& id);
   // The containers of the namespace, by id.
   absl::StatusOr<std::vector<std::string>> List();
+  // Container `id`'s cgroup, below each hierarchy's root ("/silt-NS/ID").
+  std::string CgroupPath(const std::string& id) const;
 
   // Images. Import loads an OCI image layout or a `docker save` archive
   // (plain or gzipped) into the store and unpacks each image it names for

@@ -1,0 +1,327 @@
+// OCI image functions keep the faasd runtime contract, tried as a user of
+// faasd would: images built at test time (tests/images/make-oci-image.sh)
+// around a classic watchdog and an of-watchdog in HTTP mode
+// (tests/images/watchdog.cc stands in for OpenFaaS's), imported with `silt
+// image import`, deployed through the REST API and called over HTTP on a real
+// gateway and invoker with the invoker's own containerd: environment and
+// secrets inside, a read-only root, method, path, query, headers, status
+// and a binary body through both ways, a container killed at its memory
+// limit answered 502 with the reason and replaced, containerd killed -9
+// under load, and a hundred deploy/call/remove cycles that leave nothing
+// behind (containers, snapshots, mounts, cgroups, addresses, rules).
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/cluster.h"
+#include "containerd/containerd.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace silt::testing {
+namespace {
+
+using nlohmann::json;
+
+// What a node's containers can leave behind, counted: containerd's
+// containers and snapshots, overlay mounts in containerd's mount namespace,
+// the containers' cgroups, CNI addresses, NAT rules, veths.
+struct Residue {
+  size_t containers = 0, snapshots = 0, mounts = 0, cgroups = 0, addresses = 0,
+         rules = 0, links = 0;
+  bool operator==(const Residue&) const = default;
+};
+
+std::string PrintResidue(const Residue& r) {
+  return absl::StrCat("containers=", r.containers, " snapshots=", r.snapshots,
+                      " mounts=", r.mounts, " cgroups=", r.cgroups,
+                      " addresses=", r.addresses, " rules=", r.rules,
+                      " links=", r.links);
+}
+
+class ContainersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (containerd, namespaces)";
+    for (const char* p : {"/usr/bin/containerd", "/usr/sbin/runc",
+                          "/usr/lib/cni/bridge", "/bin/busybox"})
+      if (access(p, X_OK) != 0)
+        GTEST_SKIP() << p << " is not installed: run deploy/setup.sh";
+    dir_ = MakeTempDir("ctr");
+    auto c = Cluster::Start(dir_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = *std::move(c);
+    ASSERT_TRUE(cluster_->AddNode({.name = "node-a"}).ok());
+    ASSERT_TRUE(cluster_->WaitNodes(1).ok());
+    // A busybox root, and the watchdog with a handler above it.
+    std::string root = dir_ + "/rootfs", fn = dir_ + "/fn";
+    std::filesystem::create_directories(root + "/bin");
+    std::filesystem::copy_file("/bin/busybox", root + "/bin/busybox");
+    for (const char* a : {"sh", "cat", "echo", "touch"})
+      std::filesystem::create_symlink("busybox", root + "/bin/" + a);
+    std::filesystem::create_directories(fn + "/usr/bin");
+    std::filesystem::copy_file(SILT_TEST_WATCHDOG, fn + "/usr/bin/fwatchdog");
+    std::ofstream(fn + "/handler.sh")
+        << "echo \"$GREETING\"\n"
+           "cat /var/openfaas/secrets/api-key; echo\n"
+           "if touch /x 2>/dev/null; then echo rw; else echo ro; fi\n"
+           "cat\n";
+    Import("silt/classic:1", {"--env", "fprocess=/bin/sh /handler.sh"});
+    Import("silt/http:1",
+           {"--env", "mode=http", "--env", "upstream_url=http://127.0.0.1:8082",
+            "--env", "fprocess=/usr/bin/fwatchdog echo-server 8082"});
+  }
+
+  void TearDown() override {
+    cluster_.reset();
+    if (!dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
+    }
+  }
+
+  void Import(const std::string& name, std::vector<std::string> env) {
+    std::string archive =
+        dir_ + "/" + name.substr(5, name.find(':') - 5) + ".tar";
+    std::vector<std::string> args = {SILT_SOURCE_DIR
+                                     "/tests/images/make-oci-image.sh",
+                                     "--name",
+                                     name,
+                                     "--layer",
+                                     dir_ + "/rootfs",
+                                     "--layer",
+                                     dir_ + "/fn",
+                                     "-o",
+                                     archive,
+                                     "--entrypoint",
+                                     R"(["/usr/bin/fwatchdog"])",
+                                     "--env",
+                                     "PATH=/bin:/usr/bin",
+                                     "--port",
+                                     "8080/tcp"};
+    args.insert(args.end(), env.begin(), env.end());
+    auto r = RunCommand(args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    r = cluster_->Silt({"image", "import", archive});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+
+  // Deploys through the REST API as faas-cli does.
+  void Deploy(json fn) {
+    auto r =
+        cluster_->gateway().Call("POST", "/system/functions", fn.dump(), true,
+                                 {{"Content-Type", "application/json"}});
+    ASSERT_TRUE(r.status == 200 || r.status == 202) << r.status << r.body;
+  }
+
+  std::unique_ptr<containerd::Client> Containerd() {
+    auto c = containerd::Client::Connect(
+        dir_ + "/node-a/containerd/containerd.sock", "silt");
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  pid_t ContainerdPid() {
+    std::ifstream in(dir_ + "/node-a/containerd/containerd.pid");
+    pid_t pid = 0;
+    in >> pid;
+    return pid;
+  }
+
+  Residue Count() {
+    Residue r;
+    if (auto c = Containerd()) {
+      auto u = c->CountUsage();
+      if (u.ok()) {
+        r.containers = u->containers;
+        r.snapshots = u->snapshots;
+      }
+    }
+    std::ifstream mi(absl::StrCat("/proc/", ContainerdPid(), "/mountinfo"));
+    for (std::string line; std::getline(mi, line);)
+      r.mounts += absl::StrContains(line, dir_ + "/node-a/containerd");
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(
+             "/sys/fs/cgroup/memory/silt-silt", ec))
+      r.cgroups +=
+          e.is_directory() && e.path().filename().string().rfind("cyc", 0) == 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(
+             dir_ + "/node-a/containerd/cni", ec))
+      r.addresses +=
+          e.is_regular_file() &&
+          e.path().filename().string().find('.') != std::string::npos &&
+          e.path().filename().string().rfind("last_reserved", 0) != 0 &&
+          e.path().filename().string() != "lock";
+    auto rules = RunCommand(
+        cluster_->InNode("node-a", {"/usr/sbin/iptables", "-t", "nat", "-S"}));
+    for (absl::string_view line : absl::StrSplit(rules.out, '\n'))
+      r.rules += absl::StrContains(line, "CNI-");
+    auto links = RunCommand(
+        cluster_->InNode("node-a", {"/usr/sbin/ip", "-o", "link", "show"}));
+    for (absl::string_view line : absl::StrSplit(links.out, '\n'))
+      r.links += absl::StrContains(line, "veth");
+    return r;
+  }
+
+  std::string dir_;
+  std::unique_ptr<Cluster> cluster_;
+};
+
+TEST_F(ContainersTest, ClassicAndHttpModeImagesKeepTheFaasdContract) {
+  auto r = cluster_->Silt(
+      {"secret", "create", "api-key", "--from-literal", "s3cret"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Deploy({{"service", "classic"},
+          {"image", "silt/classic:1"},
+          {"envVars", {{"GREETING", "hi"}}},
+          {"secrets", {"api-key"}},
+          {"readOnlyRootFilesystem", true}});
+  Deploy({{"service", "echo"}, {"image", "silt/http:1"}});
+
+  // Classic: fprocess per call, the body on stdin; env and secret inside,
+  // the root read-only as asked (faasd's default is a writable one).
+  std::string bytes;
+  for (int i = 0; i < 256 * 64; ++i) bytes.push_back(static_cast<char>(i));
+  auto call = cluster_->gateway().Call("POST", "/function/classic", bytes);
+  EXPECT_EQ(call.status, 200) << call.body;
+  EXPECT_TRUE(call.body == "hi\ns3cret\nro\n" + bytes)
+      << call.body.substr(0, 40);
+
+  // HTTP mode: method, path, query, headers and status through, a binary
+  // body both ways (256 KiB).
+  bytes.clear();
+  for (int i = 0; i < 256 * 1024; ++i) bytes.push_back(static_cast<char>(i));
+  call = cluster_->gateway().Call("PUT", "/function/echo/a/b?x=1&y=two", bytes,
+                                  true,
+                                  {{"Content-Type", "application/x-bin"},
+                                   {"X-Custom", "v 1"},
+                                   {"X-Status", "201"}});
+  EXPECT_EQ(call.status, 201) << call.body.substr(0, 200);
+  EXPECT_EQ(call.Header("X-Echo"), "PUT /a/b x=1&y=two");
+  EXPECT_EQ(call.Header("X-Echo-Custom"), "v 1");
+  EXPECT_EQ(call.Header("Content-Type"), "application/x-bin");
+  EXPECT_TRUE(call.body == bytes) << call.body.size() << " bytes back";
+  call = cluster_->gateway().Call("GET", "/function/echo", "", true,
+                                  {{"X-Status", "404"}});
+  EXPECT_EQ(call.status, 404);
+  EXPECT_EQ(call.Header("X-Echo"), "GET /");
+  EXPECT_EQ(call.Header("X-Silt-Start"), "warm");
+
+  // Without readOnlyRootFilesystem the root is writable, as on faasd.
+  Deploy({{"service", "writable"}, {"image", "silt/classic:1"}});
+  call = cluster_->gateway().Call("POST", "/function/writable", "");
+  EXPECT_TRUE(absl::StrContains(call.body, "\nrw\n")) << call.body;
+
+  // The watchdogs' own output is the function's log.
+  EXPECT_TRUE(Eventually([&] {
+    return absl::StrContains(cluster_->Silt({"logs", "echo"}).out, "mode=http");
+  }));
+}
+
+TEST_F(ContainersTest, AContainerKilledAtItsMemoryLimitIs502AndReplaced) {
+  Deploy({{"service", "mem"},
+          {"image", "silt/http:1"},
+          {"limits", {{"memory", "48Mi"}}}});
+  auto call = cluster_->gateway().Call("GET", "/function/mem/alloc?mib=8");
+  ASSERT_EQ(call.status, 200) << call.body;
+  auto c = Containerd();
+  ASSERT_NE(c, nullptr);
+  auto first = c->List();
+  ASSERT_TRUE(first.ok() && first->size() == 1);
+  // Over the limit: the server in it is killed, its watchdog ends, and the
+  // call says so.
+  call = cluster_->gateway().Call("GET", "/function/mem/alloc?mib=200");
+  EXPECT_EQ(call.status, 502) << call.body;
+  EXPECT_TRUE(absl::StrContains(call.body, "memory limit")) << call.body;
+  // The next call gets a new instance, and the node is fine.
+  call = cluster_->gateway().Call("GET", "/function/mem/alloc?mib=8");
+  EXPECT_EQ(call.status, 200) << call.body;
+  // (started for the call, or already as the function's one replica)
+  EXPECT_TRUE(Eventually([&] {
+    auto ids = c->List();
+    return ids.ok() && ids->size() == 1 && ids->front() != first->front();
+  }));
+}
+
+TEST_F(ContainersTest, ContainerdKilledUnderLoadIsRestartedAndCallsGoOn) {
+  Deploy({{"service", "echo"}, {"image", "silt/http:1"}});
+  auto call = cluster_->gateway().Call("POST", "/function/echo", "warm");
+  ASSERT_EQ(call.status, 200) << call.body;
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::string last_failure;
+  std::thread load([&] {
+    while (!stop) {
+      auto c = cluster_->gateway().Call("POST", "/function/echo", "x");
+      if (c.status == 200 && c.body == "x") {
+        ++ok;
+      } else {
+        ++failed;
+        last_failure = absl::StrCat(c.status, " ", c.body);
+      }
+    }
+  });
+  EXPECT_TRUE(Eventually([&] { return ok > 20; }));
+  pid_t before = ContainerdPid();
+  ASSERT_GT(before, 0);
+  ASSERT_EQ(kill(before, SIGKILL), 0);
+  int at_kill = ok;
+  // Warm instances do not need containerd: calls go on.
+  EXPECT_TRUE(Eventually([&] { return ok > at_kill + 50; }));
+  // A new instance needs it: the invoker starts it again.
+  Deploy({{"service", "second"}, {"image", "silt/classic:1"}});
+  call = cluster_->gateway().Call("POST", "/function/second", "y");
+  EXPECT_EQ(call.status, 200) << call.body;
+  EXPECT_NE(ContainerdPid(), before);
+  stop = true;
+  load.join();
+  EXPECT_EQ(failed, 0) << last_failure;
+  // The instance that ran through it is still the one serving.
+  call = cluster_->gateway().Call("POST", "/function/echo", "z");
+  EXPECT_EQ(call.status, 200) << call.body;
+  EXPECT_EQ(call.Header("X-Silt-Start"), "warm");
+}
+
+TEST_F(ContainersTest, HundredsOfDeployCallRemoveCyclesLeaveNothing) {
+  // Once, to have containerd's own mounts and the bridge in the count.
+  Deploy({{"service", "cycf"}, {"image", "silt/http:1"}});
+  ASSERT_EQ(cluster_->gateway().Call("POST", "/function/cycf", "x").status,
+            200);
+  ASSERT_EQ(cluster_->Silt({"remove", "cycf"}).exit_code, 0);
+  EXPECT_TRUE(Eventually([&] {
+    Residue r = Count();
+    return r.containers == 0 && r.rules == 0;
+  }));
+  const Residue before = Count();
+  EXPECT_EQ(before.cgroups, 0u) << PrintResidue(before);
+  EXPECT_EQ(before.rules, 0u) << PrintResidue(before);
+  for (int i = 0; i < 100; ++i) {
+    std::string name = absl::StrCat("cyc", i % 3);
+    Deploy({{"service", name},
+            {"image", i % 2 ? "silt/http:1" : "silt/classic:1"},
+            {"secrets", json::array()}});
+    auto call = cluster_->gateway().Call("POST", "/function/" + name, "x");
+    ASSERT_TRUE(call.status == 200 || i % 2 == 0) << i << ": " << call.body;
+    auto r = cluster_->Silt({"remove", name});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  Residue after;
+  EXPECT_TRUE(Eventually([&] {
+    after = Count();
+    return after == before;
+  })) << "before: "
+      << PrintResidue(before) << "\nafter:  " << PrintResidue(after);
+}
+
+}  // namespace
+}  // namespace silt::testing
