@@ -11,6 +11,10 @@ CRIU_PINNED=4.1.1
 CRIU_PINNED_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
 CRIU_PREFIX=/usr/local
 CACHE_DIR=${SILT_SETUP_CACHE:-/var/cache/silt-setup}
+# Our fixes to CRIU (deploy/criu/*.patch, applied in name order before building). The marker
+# holds the set's sha256sum listing: a CRIU built without exactly these patches is rebuilt.
+CRIU_PATCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/criu
+CRIU_PATCH_MARKER=$CRIU_PREFIX/share/silt/criu-patches
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
@@ -36,7 +40,7 @@ PACKAGES=(
   iptables
   # CRIU build dependencies
   libprotobuf-c-dev protobuf-c-compiler libnl-3-dev libnet1-dev libcap-dev libbsd-dev
-  libaio-dev uuid-dev libnftables-dev libgnutls28-dev python3-protobuf xz-utils
+  libaio-dev uuid-dev libnftables-dev libgnutls28-dev python3-protobuf xz-utils patch
 )
 
 missing=()
@@ -71,7 +75,36 @@ criu_version() { "$CRIU_PREFIX/sbin/criu" --version 2>/dev/null | awk '/^Version
 criu_ok() {
   local v
   v=$(criu_version) && [ -n "$v" ] && dpkg --compare-versions "$v" ge "$CRIU_MIN" &&
-    pkg-config --atleast-version="$CRIU_MIN" criu 2>/dev/null
+    pkg-config --atleast-version="$CRIU_MIN" criu 2>/dev/null &&
+    [ "$(cat "$CRIU_PATCH_MARKER" 2>/dev/null)" = "$(criu_patch_set)" ]
+}
+
+# The sha256sum listing of deploy/criu/*.patch in the order they are applied (empty if none).
+criu_patch_set() {
+  local p
+  shopt -s nullglob
+  p=("$CRIU_PATCH_DIR"/*.patch)
+  shopt -u nullglob
+  [ ${#p[@]} -eq 0 ] || (cd "$CRIU_PATCH_DIR" && sha256sum -- "${p[@]##*/}")
+}
+
+# Applies deploy/criu/*.patch to the CRIU source in $1. They are written against CRIU_PINNED:
+# one that does not apply to another release (which may already have the fix) stops the build
+# rather than install a CRIU that cannot dump sockets on current kernels.
+criu_patch() {
+  local src=$1 p patches
+  shopt -s nullglob
+  patches=("$CRIU_PATCH_DIR"/*.patch)
+  shopt -u nullglob
+  [ ${#patches[@]} -gt 0 ] ||
+    log "warning: no patches in $CRIU_PATCH_DIR: CRIU 4.1.1 cannot dump TCP sockets on Linux >= 6.16"
+  for p in "${patches[@]}"; do
+    log "patching CRIU: $(basename "$p")"
+    patch -d "$src" -p1 --forward --batch --dry-run <"$p" >/dev/null ||
+      die "$(basename "$p") does not apply to CRIU $CRIU_VERSION (written for $CRIU_PINNED): check" \
+        "whether this release already has the fix and update $CRIU_PATCH_DIR"
+    patch -d "$src" -p1 --forward --batch --quiet <"$p" || die "applying $(basename "$p") failed"
+  done
 }
 
 # apt with a private deb-src list for CRIU_SUITES on the Debian mirror this machine's apt already
@@ -161,8 +194,12 @@ criu_source() {
 }
 
 if criu_ok; then
-  log "CRIU $(criu_version) present at $CRIU_PREFIX/sbin/criu"
+  log "CRIU $(criu_version) present at $CRIU_PREFIX/sbin/criu (patches: $(criu_patch_set | awk '{ print $2 }' | xargs))"
 else
+  if [ -n "$(criu_version)" ] && [ "$(cat "$CRIU_PATCH_MARKER" 2>/dev/null)" != "$(criu_patch_set)" ]; then
+    log "CRIU $(criu_version) at $CRIU_PREFIX/sbin/criu was not built with deploy/criu's patches: rebuilding"
+  fi
+  rm -f "$CRIU_PATCH_MARKER" # written again only once a patched build is installed
   mkdir -p "$CACHE_DIR"
   apt_dir=
   criu_source
@@ -176,6 +213,7 @@ else
   build=$(mktemp -d)
   tar -xf "$tarball" -C "$build"
   src=$(find "$build" -maxdepth 1 -mindepth 1 -type d | head -n 1)
+  criu_patch "$src"
   # PATH without pyenv shims: CRIU's build scripts use Debian's python3 (python3-protobuf).
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     make -C "$src" -j"$(nproc)" criu lib >"$build/build.log" 2>&1 ||
@@ -185,8 +223,10 @@ else
     { tail -n 40 "$build/build.log"; die "CRIU install failed (log: $build/build.log)"; }
   ldconfig
   rm -rf "$build"
+  mkdir -p "$(dirname "$CRIU_PATCH_MARKER")"
+  criu_patch_set >"$CRIU_PATCH_MARKER"
   if [ "$(criu_version)" != "$CRIU_VERSION" ] || ! criu_ok; then
-    die "CRIU installed but $CRIU_PREFIX/sbin/criu or criu.pc is not version $CRIU_VERSION"
+    die "CRIU installed but $CRIU_PREFIX/sbin/criu or criu.pc is not version $CRIU_VERSION (or $CRIU_PATCH_MARKER is off)"
   fi
 fi
 
