@@ -695,15 +695,50 @@ class HttpRuntime {
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
+    // The server writes to pipes of the worker's, which it relays to its own
+    // stdout and stderr: both ends stay inside the instance, so a checkpoint
+    // holds them whole, and after a restore the server's lines reach the
+    // log pipes the resume gave the worker (the invoker's end of a pipe the
+    // server held itself would be gone: its next write would fail).
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+    if (pipe2(err, O_CLOEXEC) != 0) {
+      close(out[0]);
+      close(out[1]);
+      return absl::InternalError("pipe failed");
+    }
     server_ = fork();
     if (server_ == 0) {
       UnblockSignals();
+      dup2(out[1], 1);
+      dup2(err[1], 2);
       execvp(args[0], args.data());
       fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
       _exit(127);
     }
-    if (server_ < 0)
+    close(out[1]);
+    close(err[1]);
+    if (server_ < 0) {
+      close(out[0]);
+      close(err[0]);
       return absl::InternalError("fork of the function server failed");
+    }
+    for (auto [from, to] : {std::pair{out[0], 1}, std::pair{err[0], 2}})
+      std::thread([from, to] {
+        char buf[4096];
+        for (;;) {
+          ssize_t n = read(from, buf, sizeof buf);
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) break;
+          for (ssize_t off = 0; off < n;) {
+            ssize_t w = write(to, buf + off, static_cast<size_t>(n - off));
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) break;
+            off += w;
+          }
+        }
+        close(from);
+      }).detach();
     // Wait until the server accepts connections (or dies).
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (std::chrono::steady_clock::now() < deadline) {
@@ -854,11 +889,24 @@ class HttpRuntime {
     return absl::OkStatus();
   }
   // A container's watchdog that takes no connection, or breaks one off,
-  // is gone with its container (which the invoker sees to): this instance
-  // is lost. A function server of an exec bundle is the worker's own.
-  WorkerReply Lost(WorkerReply r) const {
-    if (container_) r.set_instance_lost(true);
+  // is gone with its container (which the invoker sees to); an exec
+  // bundle's server that exited is gone too: this instance is lost.
+  WorkerReply Lost(WorkerReply r) {
+    if (container_ || ServerExited()) r.set_instance_lost(true);
     return r;
+  }
+  // Whether the worker's own function server has exited (reaped here).
+  bool ServerExited() {
+    if (server_ <= 0) return false;
+    int status = 0;
+    if (waitpid(server_, &status, WNOHANG) != server_) return false;
+    LogLine(absl::StrCat("the function server exited (",
+                         WIFSIGNALED(status)
+                             ? absl::StrCat("signal ", WTERMSIG(status))
+                             : absl::StrCat("status ", WEXITSTATUS(status)),
+                         ")"));
+    server_ = -1;
+    return true;
   }
 
   static constexpr uint64_t kWholeBody = 1 << 20;

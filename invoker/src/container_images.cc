@@ -19,11 +19,19 @@ ContainerImages::ContainerImages(Options options)
     : options_(std::move(options)), thread_([this] { Run(); }) {}
 
 ContainerImages::~ContainerImages() {
+  StopImports();
+  absl::MutexLock l(&client_mu_);
+  runtime_.reset();
+  client_.reset();
+  daemon_.reset();  // stops a containerd of our own
+}
+
+void ContainerImages::StopImports() {
   {
     absl::MutexLock l(&mu_);
     stopping_ = true;
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void ContainerImages::Want(const control::ImageSet& set) {
@@ -59,10 +67,6 @@ void ContainerImages::Run() {
     }
     Reconcile(set);
   }
-  absl::MutexLock l(&client_mu_);
-  runtime_.reset();
-  client_.reset();
-  daemon_.reset();  // stops a containerd of our own
 }
 
 absl::StatusOr<std::shared_ptr<ContainerRuntime>> ContainerImages::Runtime() {

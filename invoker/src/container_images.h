@@ -41,7 +41,11 @@ class ContainerImages {
   };
 
   explicit ContainerImages(Options options);
-  ~ContainerImages();  // stops the thread and a containerd of our own
+  ~ContainerImages();  // StopImports, then stops a containerd of our own
+
+  // Ends the import thread (an import in progress first); containerd and
+  // Runtime stay.
+  void StopImports();
 
   // The images to keep from now on (replaces the previous set).
   void Want(const control::ImageSet& set);

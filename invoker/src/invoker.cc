@@ -66,7 +66,9 @@ Invoker::Impl::~Impl() {
     server->Shutdown(std::chrono::system_clock::now() +
                      std::chrono::seconds(2));
   if (connector.joinable()) connector.join();
-  container_images.reset();  // an import in progress ends first
+  // An import in progress ends first; containerd stays for the instances'
+  // containers, stopped with them below.
+  if (container_images) container_images->StopImports();
   // Calls in flight end first (they use everything below).
   if (call_port) call_port->Stop();
   if (reaper.joinable()) reaper.join();
@@ -81,8 +83,16 @@ Invoker::Impl::~Impl() {
   if (proclet_host) proclet_host->StopPeers();
   executor.reset();
   proclet_host.reset();
-  std::lock_guard<std::mutex> l(mu);
-  pools.clear();
+  std::vector<std::unique_ptr<Instance>> doomed;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    pools.clear();
+    doomed.swap(graveyard);
+  }
+  doomed.clear();
+  // After the instances (their containers are deleted through it): a
+  // containerd of our own stops.
+  container_images.reset();
 }
 
 bool Invoker::Impl::Stopping() {

@@ -368,9 +368,10 @@ void Invoker::Impl::Call(call_wire::Request& req, RequestBody* body,
   }
   res->body = std::move(*reply.mutable_body());
   if (reply.instance_lost()) {
-    // Its container is gone (or going): the call says why, the instance is
-    // replaced.
-    std::string why = inst->container.WhyLost();
+    // Its container or server is gone (or going): the call says why, the
+    // instance is replaced.
+    std::string why = inst->container.held() ? inst->container.WhyLost()
+                                             : "its function server exited";
     logs.Append(Key(pool->spec.namespace_(), pool->spec.name()), res->instance,
                 absl::StrCat("silt: instance lost: ", why));
     if (!stream.started())

@@ -45,11 +45,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/http_load.h"
 #include "common/process.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using silt::testing::Load;
+using silt::testing::LoadResult;
 constexpr char kBody[] = "Hello, Silt!\n";
 
 // ---- the baseline server: epoll, keep-alive, a fixed answer ----
@@ -120,108 +123,6 @@ int Listen(int* port) {
       }
     }
   }
-}
-
-// ---- the load generator: N keep-alive connections, one thread each ----
-
-struct Result {
-  double rps = 0, p50_us = 0, p99_us = 0;
-  uint64_t errors = 0;
-};
-
-int Connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// One request/response on a keep-alive connection; false on any error or
-// non-200.
-bool RoundTrip(int fd, const std::string& request, std::string& buf) {
-  if (write(fd, request.data(), request.size()) !=
-      static_cast<ssize_t>(request.size()))
-    return false;
-  buf.clear();
-  size_t need = std::string::npos;
-  char tmp[16384];
-  while (true) {
-    ssize_t r = read(fd, tmp, sizeof(tmp));
-    if (r <= 0) return false;
-    buf.append(tmp, static_cast<size_t>(r));
-    if (need == std::string::npos) {
-      size_t end = buf.find("\r\n\r\n");
-      if (end == std::string::npos) continue;
-      size_t len = 0;
-      for (absl::string_view line :
-           absl::StrSplit(buf.substr(0, end), "\r\n")) {
-        if (line.size() > 15 &&
-            strncasecmp(line.data(), "content-length:", 15) == 0)
-          (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(15)),
-                                 &len);
-      }
-      need = end + 4 + len;
-    }
-    if (buf.size() >= need) return buf.compare(9, 3, "200") == 0;
-  }
-}
-
-Result Load(int port, const std::string& path, int concurrency,
-            double seconds) {
-  std::string request =
-      absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n",
-                   "Content-Type: text/plain\r\nContent-Length: 4\r\n\r\nSilt");
-  // Warm up: every connection once, and a short burst.
-  std::vector<std::vector<uint32_t>> lat(concurrency);
-  std::atomic<uint64_t> errors{0};
-  std::atomic<bool> go{false}, stop{false};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < concurrency; ++c) {
-    threads.emplace_back([&, c] {
-      int fd = Connect(port);
-      std::string buf;
-      if (fd < 0 || !RoundTrip(fd, request, buf)) ++errors;
-      while (!go) std::this_thread::yield();
-      while (!stop) {
-        auto t0 = Clock::now();
-        if (fd < 0 || !RoundTrip(fd, request, buf)) {
-          ++errors;
-          if (fd >= 0) close(fd);
-          fd = Connect(port);
-          continue;
-        }
-        lat[c].push_back(static_cast<uint32_t>(
-            std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() -
-                                                                  t0)
-                .count()));
-      }
-      if (fd >= 0) close(fd);
-    });
-  }
-  go = true;
-  auto start = Clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  stop = true;
-  for (auto& t : threads) t.join();
-  double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  std::vector<uint32_t> all;
-  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
-  std::sort(all.begin(), all.end());
-  Result r;
-  r.errors = errors;
-  if (all.empty()) return r;
-  r.rps = static_cast<double>(all.size()) / elapsed;
-  r.p50_us = all[all.size() / 2];
-  r.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
-  return r;
 }
 
 // ---- where a call's cost goes ----
@@ -475,16 +376,16 @@ int main(int argc, char** argv) {
     return b;
   };
   for (int c : levels) {
-    Result base_r = Load(base_port, "/", c, seconds);
+    LoadResult base_r = Load(base_port, "/", c, seconds);
     Breakdown nb = stages(false);
     nb.Begin(seconds);
-    Result nginx_r = Load(nginx_port, "/", c, seconds);
+    LoadResult nginx_r = Load(nginx_port, "/", c, seconds);
     Breakdown sb = stages(true);
     sb.Begin(seconds);
-    Result silt_r = Load(silt_port, "/function/hello", c, seconds);
+    LoadResult silt_r = Load(silt_port, "/function/hello", c, seconds);
     nb.End("nginx", c, nginx_r.rps * seconds, &breakdown, &costs);
     sb.End("silt", c, silt_r.rps * seconds, &breakdown, &costs);
-    for (auto& [name, r] : std::vector<std::pair<const char*, Result>>{
+    for (auto& [name, r] : std::vector<std::pair<const char*, LoadResult>>{
              {"direct", base_r}, {"nginx-1-hop", nginx_r}, {"silt", silt_r}}) {
       printf("%-6d %-14s %12.0f %10.0f %10.0f %8lu\n", c, name, r.rps, r.p50_us,
              r.p99_us, static_cast<unsigned long>(r.errors));

@@ -1022,6 +1022,19 @@ TEST_F(FunctionsTest, ExamplesDeployAndAnswer) {
     EXPECT_TRUE(sse.ended());
     EXPECT_EQ(sse.body(), "data: event 1\n\ndata: event 2\n\n");
   }
+  // The http-mode server restored from its snapshot (CRIU holds its
+  // listening socket) answers, and what it writes to stderr after the
+  // restore reaches the function's log.
+  EXPECT_TRUE(Eventually([&] {
+    auto restored = Invoke("POST", "/function/greeter/restored", "Bo",
+                           {{"X-Silt-Cold-Start", "restore"}});
+    return restored.status == 200 &&
+           restored.Header("X-Silt-Start") == "restore" &&
+           absl::StartsWith(restored.body, "Hi Bo");
+  }));
+  EXPECT_TRUE(Eventually([&] {
+    return absl::StrContains(Silt({"logs", "greeter"}).out, "/restored");
+  }));
   // examples/state: a shared map and a job queue.
   EXPECT_EQ(Invoke("PUT", "/function/catalog?sku=42", "a lamp").body,
             "stored 42\n");
