@@ -34,6 +34,10 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-listen", o.metrics_listen,
                  "Prometheus metrics address")
       ->capture_default_str();
+  app.add_option("--provider-listen", o.provider_listen,
+                 "Also serve the faas-provider API here, for the OpenFaaS "
+                 "gateway's functions_provider_url (faasd's provider port; "
+                 "off by default)");
   app.add_option("--grpc-listen", o.grpc_listen,
                  "gRPC address invokers connect to")
       ->capture_default_str();
@@ -184,6 +188,8 @@ int main(int argc, char** argv) {
             << "\n";
   std::cout << "metrics on " << (*gw)->metrics_address() << "\n";
   std::cout << "invokers connect to " << (*gw)->grpc_address() << "\n";
+  if (!(*gw)->provider_address().empty())
+    std::cout << "faas-provider API on " << (*gw)->provider_address() << "\n";
   std::cout << "listening on " << (*gw)->listen_address() << std::endl;
 
   std::thread waiter([&] {

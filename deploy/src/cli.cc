@@ -66,6 +66,21 @@ std::string ResolveGateway(const std::string& flag,
   return kDefaultGateway;
 }
 
+std::string Trimmed(absl::string_view body) {
+  return std::string(absl::StripTrailingAsciiWhitespace(body));
+}
+
+// Routes only Silt's own gateway listener serves (not an OpenFaaS gateway,
+// nor Silt's provider listener).
+bool IsSiltRoute(absl::string_view path) {
+  for (absl::string_view r :
+       {"/system/bundles", "/system/images", "/system/nodes", "/system/events",
+        "/system/proclets", "/system/state", "/system/snapshots",
+        "/system/async"})
+    if (absl::StartsWith(path, r)) return true;
+  return false;
+}
+
 struct Client {
   std::string gateway;
   std::string token;  // --token overrides the saved credentials
@@ -102,13 +117,18 @@ struct Client {
           "unauthorized access, run \"silt login\" to set up credentials for ",
           gateway));
     }
+    if (r->status == 404 && IsSiltRoute(path) &&
+        (Trimmed(r->body) == "404 page not found" ||
+         absl::StrContains(r->body, "is Silt's own route")))
+      Fail(absl::StrCat(
+          gateway, " has no ", path.substr(0, path.find('?')),
+          ": it is not Silt's gateway listener (an OpenFaaS gateway in front "
+          "of Silt, or Silt's --provider-listen). This command needs Silt's "
+          "own URL, the gateway's --listen address (e.g. "
+          "http://127.0.0.1:8080): pass --gateway URL or set OPENFAAS_URL"));
     return *std::move(r);
   }
 };
-
-std::string Trimmed(absl::string_view body) {
-  return std::string(absl::StripTrailingAsciiWhitespace(body));
-}
 
 std::string NsQuery(const std::string& ns) {
   return ns.empty() ? "" : "?namespace=" + UrlEncode(ns);
@@ -787,6 +807,7 @@ struct LocalOptions {
   // `listen`, port 0 (a free port, so two `silt local` never collide).
   std::string grpc_listen;
   std::string metrics_listen;
+  std::string provider_listen;  // the faas-provider API; empty: none
   bool no_auth = false;
 };
 
@@ -890,8 +911,13 @@ int Local(LocalOptions o) {
       "--metrics-listen", o.metrics_listen, "--grpc-listen",
       o.grpc_listen,      "--data-dir",     o.data_dir + "/gateway"};
   if (o.no_auth) gw_args.push_back("--no-auth");
+  if (!o.provider_listen.empty())
+    gw_args.insert(gw_args.end(), {"--provider-listen", o.provider_listen});
   Child gw = Spawn(gw_args, stop);
   std::string grpc_addr = WaitLine(gw.out, "invokers connect to ");
+  std::string provider_addr = grpc_addr.empty() || o.provider_listen.empty()
+                                  ? ""
+                                  : WaitLine(gw.out, "faas-provider API on ");
   std::string http_addr =
       grpc_addr.empty() ? "" : WaitLine(gw.out, "listening on ");
   if (http_addr.empty()) {
@@ -908,6 +934,8 @@ int Local(LocalOptions o) {
     Fail("silt-invoker did not start (see its messages above)");
   }
   WaitRegistered(o, http_addr);
+  if (!provider_addr.empty())
+    std::cout << "faas-provider API on " << provider_addr << "\n";
   std::cout << "invoker " << inv_addr << " registered\nlistening on "
             << http_addr << std::endl;
   int sig = 0;
@@ -1369,6 +1397,9 @@ int RunCli(int argc, char** argv) {
   local->add_option("--metrics-listen", local_opts.metrics_listen,
                     "Gateway /metrics and /healthz address (default: "
                     "--listen's host, port 0 = a free one)");
+  local->add_option("--provider-listen", local_opts.provider_listen,
+                    "Also serve the faas-provider API here, for an OpenFaaS "
+                    "gateway's functions_provider_url (off by default)");
   local->add_flag("--no-auth", local_opts.no_auth, "Disable basic auth");
 
   bool short_version = false;

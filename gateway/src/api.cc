@@ -1,5 +1,6 @@
 #include "api.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -178,7 +179,7 @@ size_t Api::BodyLimit(absl::string_view path) const {
   return options_.max_system_body_bytes;
 }
 
-void Api::Handle(const HttpRequest& req, Reply reply) {
+void Api::Handle(const HttpRequest& req, Reply reply, Listener listener) {
   auto start = std::chrono::steady_clock::now();
   auto route = std::make_shared<std::string>("other");
   Reply timed = [this, start, method = req.method, route,
@@ -189,22 +190,32 @@ void Api::Handle(const HttpRequest& req, Reply reply) {
     metrics_->HttpRequest(method, *route, res.status, secs);
     reply(std::move(res));
   };
-  auto res = Route(req, *route, timed);
+  auto res = Route(req, listener, *route, timed);
   if (!res.ok()) return timed(ErrorResponse(res.status()));
   if (*res) return timed(**std::move(res));
 }
 
 absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
+                                                       Listener listener,
                                                        std::string& route,
                                                        Reply& reply) {
   absl::string_view path = req.path;
   const std::string& m = req.method;
+  const bool provider = listener == Listener::kProvider;
 
   if (path == "/healthz") {
     route = "/healthz";
     if (m != "GET" && m != "HEAD") return MethodNotAllowed();
     return HttpResponse::Text(200, "OK");
   }
+  if (provider && path == "/metrics") {
+    route = "/metrics";
+    return HandleMetricsPort(req);
+  }
+  // The OpenFaaS gateway queues async calls itself (its queue worker calls
+  // /function/ here).
+  if (provider && absl::StartsWith(path, "/async-function/"))
+    return PageNotFound();
   if (absl::StartsWith(path, "/function/") ||
       absl::StartsWith(path, "/async-function/")) {
     bool async = absl::StartsWith(path, "/async-function/");
@@ -216,7 +227,7 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
     return Invoke(req, async, name, reply);
   }
   if (!absl::StartsWith(path, "/system/")) {
-    if (path == "/") {
+    if (path == "/" && !provider) {
       route = "/";
       HttpResponse r = HttpResponse::Empty(307);
       r.SetHeader("Location", "/ui/");
@@ -243,6 +254,20 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
 #define SILT_AUTH() \
   if (auto denied = need_auth(); denied) return *std::move(denied);
 
+  // The provider listener speaks the faas-provider contract only: Silt's
+  // own routes are on the gateway's listener.
+  static constexpr absl::string_view kProviderRoutes[] = {
+      "functions", "function", "scale-function", "info", "namespaces",
+      "namespace", "secrets",  "logs",           "alert"};
+  if (provider &&
+      std::find(std::begin(kProviderRoutes), std::end(kProviderRoutes), head) ==
+          std::end(kProviderRoutes))
+    return HttpResponse::Text(
+        404, absl::StrCat("/system/", head,
+                          " is Silt's own route: it is served on Silt's "
+                          "gateway listener (--listen), not on the provider "
+                          "listener (--provider-listen)"));
+
   if (head == "functions" && !has_arg) {
     route = "/system/functions";
     SILT_AUTH();
@@ -267,7 +292,7 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
   if (head == "info" && !has_arg) {
     route = "/system/info";
     SILT_AUTH();
-    if (m == "GET") return Info();
+    if (m == "GET") return Info(listener);
     return MethodNotAllowed();
   }
   if (head == "namespaces" && !has_arg) {
@@ -616,13 +641,17 @@ absl::StatusOr<HttpResponse> Api::ScaleFunction(const HttpRequest& req,
 
 // ---- info, namespaces ----
 
-absl::StatusOr<HttpResponse> Api::Info() {
+absl::StatusOr<HttpResponse> Api::Info(Listener listener) {
   ordered_json version = {{"sha", silt::kGitSha}, {"release", silt::kVersion}};
+  // A provider answers flat (faas-provider's ProviderInfo); the OpenFaaS
+  // gateway nests it under "provider" in its own answer, as Silt's gateway
+  // listener does.
+  ordered_json provider = {
+      {"provider", "silt"}, {"orchestration", "silt"}, {"version", version}};
+  if (listener == Listener::kProvider)
+    return HttpResponse::Json(200, JsonText(provider));
   ordered_json out = {
-      {"provider",
-       {{"provider", "silt"}, {"orchestration", "silt"}, {"version", version}}},
-      {"version", version},
-      {"arch", silt::kArch}};
+      {"provider", provider}, {"version", version}, {"arch", silt::kArch}};
   return HttpResponse::Json(200, JsonText(out));
 }
 

@@ -49,6 +49,11 @@ HttpResponse ErrorResponse(const absl::Status& s);
 // and Kubernetes accept), at most 63 characters.
 absl::Status ValidateName(absl::string_view kind, absl::string_view name);
 
+// Which listener a request came in on: the gateway's own (the OpenFaaS
+// gateway's API and Silt's routes) or the provider's (the faas-provider
+// contract the OpenFaaS gateway talks to, Options::provider_listen).
+enum class Listener { kGateway, kProvider };
+
 class Api {
  public:
   // `async` may be null: /async-function then answers 503; so may `images`
@@ -59,7 +64,8 @@ class Api {
 
   // The main port (:8080). `reply` may run later, on another thread (function
   // calls).
-  void Handle(const HttpRequest& req, Reply reply);
+  void Handle(const HttpRequest& req, Reply reply,
+              Listener listener = Listener::kGateway);
   // The metrics port (:8082): /metrics and /healthz.
   HttpResponse HandleMetricsPort(const HttpRequest& req);
   size_t BodyLimit(absl::string_view path) const;
@@ -67,6 +73,7 @@ class Api {
  private:
   // Answers now (a response) or takes over `reply` (nullopt).
   absl::StatusOr<std::optional<HttpResponse>> Route(const HttpRequest& req,
+                                                    Listener listener,
                                                     std::string& route,
                                                     Reply& reply);
 
@@ -78,7 +85,7 @@ class Api {
                                            absl::string_view name);
   absl::StatusOr<HttpResponse> ScaleFunction(const HttpRequest& req,
                                              absl::string_view name);
-  absl::StatusOr<HttpResponse> Info();
+  absl::StatusOr<HttpResponse> Info(Listener listener);
   absl::StatusOr<HttpResponse> ListNamespaces();
   absl::StatusOr<HttpResponse> Namespace(const HttpRequest& req,
                                          absl::string_view ns);

@@ -54,6 +54,7 @@ struct Gateway::Impl {
   std::unique_ptr<AsyncQueue> async;
   std::unique_ptr<HttpServer> server;
   std::unique_ptr<HttpServer> metrics_server;
+  std::unique_ptr<HttpServer> provider_server;  // Options::provider_listen
   std::vector<std::thread> threads;
   // Runs every API request but function calls: those may block (store
   // writes, migrations, drains, log streams), and on a connection's own
@@ -68,6 +69,7 @@ struct Gateway::Impl {
     autoscaler.reset();
     if (server) server->Close();
     if (metrics_server) metrics_server->Close();
+    if (provider_server) provider_server->Close();
     for (auto& ioc : iocs) ioc->stop();
     for (auto& t : threads) t.join();
     if (admin) {
@@ -265,31 +267,45 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   http.write_timeout = options.write_timeout;
   impl->admin = std::make_unique<boost::asio::thread_pool>(kAdminThreads);
   boost::asio::thread_pool* admin = impl->admin.get();
-  auto server = HttpServer::Listen(
-      impl->contexts, options.listen, http,
-      [api, admin](HttpRequest req, Reply reply) {
-        // A synchronous function call waits on nothing here: it stays on
-        // the connection's thread, with its call to the node.
-        if (absl::StartsWith(req.path, "/function/"))
-          return api->Handle(req, std::move(reply));
-        boost::asio::post(*admin, [api, req = std::move(req),
-                                   reply = std::move(reply)]() mutable {
-          Reply last = reply;  // answers once: the first answer wins
-          try {
-            api->Handle(req, std::move(reply));
-          } catch (const std::exception& e) {
-            fprintf(stderr, "silt-gateway: %s %s: %s\n", req.method.c_str(),
-                    req.path.c_str(), e.what());
-            last(HttpResponse::Text(500, "internal error"));
-          } catch (...) {
-            fprintf(stderr, "silt-gateway: %s %s: unknown exception\n",
-                    req.method.c_str(), req.path.c_str());
-            last(HttpResponse::Text(500, "internal error"));
-          }
-        });
+  // A request's handler on `listener`: a synchronous function call waits on
+  // nothing here, so it stays on the connection's thread, with its call to
+  // the node; the rest run on the admin pool.
+  auto serve = [api, admin](Listener listener) {
+    return [api, admin, listener](HttpRequest req, Reply reply) {
+      if (absl::StartsWith(req.path, "/function/"))
+        return api->Handle(req, std::move(reply), listener);
+      boost::asio::post(*admin, [api, listener, req = std::move(req),
+                                 reply = std::move(reply)]() mutable {
+        Reply last = reply;  // answers once: the first answer wins
+        try {
+          api->Handle(req, std::move(reply), listener);
+        } catch (const std::exception& e) {
+          fprintf(stderr, "silt-gateway: %s %s: %s\n", req.method.c_str(),
+                  req.path.c_str(), e.what());
+          last(HttpResponse::Text(500, "internal error"));
+        } catch (...) {
+          fprintf(stderr, "silt-gateway: %s %s: unknown exception\n",
+                  req.method.c_str(), req.path.c_str());
+          last(HttpResponse::Text(500, "internal error"));
+        }
       });
+    };
+  };
+  auto server = HttpServer::Listen(impl->contexts, options.listen, http,
+                                   serve(Listener::kGateway));
   if (!server.ok()) return server.status();
   impl->server = *std::move(server);
+  if (!options.provider_listen.empty()) {
+    HttpServerOptions provider_http = http;
+    provider_http.streams = [](absl::string_view path) {
+      return absl::StartsWith(path, "/function/");
+    };
+    auto provider =
+        HttpServer::Listen(impl->contexts, options.provider_listen,
+                           provider_http, serve(Listener::kProvider));
+    if (!provider.ok()) return provider.status();
+    impl->provider_server = *std::move(provider);
+  }
 
   HttpServerOptions metrics_http = http;
   metrics_http.body_limit = [](absl::string_view) -> size_t {
@@ -338,6 +354,11 @@ std::string Gateway::listen_address() const {
 }
 std::string Gateway::metrics_address() const {
   return FormatEndpoint(impl_->metrics_server->local_endpoint());
+}
+std::string Gateway::provider_address() const {
+  return impl_->provider_server
+             ? FormatEndpoint(impl_->provider_server->local_endpoint())
+             : "";
 }
 std::string Gateway::grpc_address() const { return impl_->nodes->address(); }
 std::string Gateway::password_file() const {

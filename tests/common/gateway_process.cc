@@ -1,5 +1,6 @@
 #include "common/gateway_process.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -32,6 +33,13 @@ absl::StatusOr<GatewayProcess> GatewayProcess::Start(
       g.process_.WaitForLine("invokers connect to ", std::chrono::seconds(30));
   if (!grpc.ok()) return grpc.status();
   g.grpc_address_ = grpc->substr(20);
+  if (std::find(extra.begin(), extra.end(), "--provider-listen") !=
+      extra.end()) {
+    auto provider = g.process_.WaitForLine("faas-provider API on ",
+                                           std::chrono::seconds(30));
+    if (!provider.ok()) return provider.status();
+    g.provider_url_ = "http://" + provider->substr(21);
+  }
   auto line = g.process_.WaitForLine("listening on ", std::chrono::seconds(30));
   if (!line.ok()) return line.status();
   g.url_ = "http://" + line->substr(13);

@@ -20,6 +20,8 @@ class GatewayProcess {
 
   const std::string& url() const { return url_; }  // http://127.0.0.1:PORT
   const std::string& metrics_url() const { return metrics_url_; }
+  // With --provider-listen in `extra`: its URL.
+  const std::string& provider_url() const { return provider_url_; }
   const std::string& grpc_address() const {
     return grpc_address_;
   }                              // for invokers
@@ -47,6 +49,7 @@ class GatewayProcess {
   std::string data_dir_;
   std::string url_;
   std::string metrics_url_;
+  std::string provider_url_;
   std::string grpc_address_;
 };
 

@@ -120,6 +120,68 @@ TEST_F(GatewayApiTest, InfoReportsSilt) {
   EXPECT_EQ(Call("POST", "/system/info").status, 405);
 }
 
+// Behind the OpenFaaS gateway (functions_provider_url): the provider
+// listener speaks the faas-provider contract, the gateway listener keeps the
+// gateway's shape and Silt's own routes.
+TEST(GatewayProviderTest, ProviderListenerSpeaksTheFaasProviderContract) {
+  std::string dir = MakeTempDir("silt-gw-provider");
+  auto gw = GatewayProcess::Start(dir, {"--provider-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(gw.ok()) << gw.status();
+  ASSERT_FALSE(gw->provider_url().empty());
+  auto provider = [&](const std::string& m, const std::string& path,
+                      const std::string& body = "", bool auth = true) {
+    deploy::HttpCall c;
+    c.method = m;
+    c.url = gw->provider_url() + path;
+    c.body = body;
+    if (auth) c.headers.emplace_back("Authorization", gw->auth_header());
+    auto r = deploy::Send(c);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : deploy::HttpResult{};
+  };
+  // /system/info: flat on the provider, nested on the gateway.
+  auto r = provider("GET", "/system/info");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json info = json::parse(r.body);
+  EXPECT_EQ(info["provider"], "silt");
+  EXPECT_EQ(info["orchestration"], "silt");
+  EXPECT_FALSE(info["version"]["release"].get<std::string>().empty());
+  EXPECT_FALSE(info.contains("arch"));
+  info = json::parse(gw->Call("GET", "/system/info").body);
+  EXPECT_EQ(info["provider"]["provider"], "silt");
+  // Auth as on the gateway; /healthz, /metrics and /function/ are open.
+  EXPECT_EQ(provider("GET", "/system/functions", "", false).status, 401);
+  EXPECT_EQ(provider("GET", "/healthz", "", false).status, 200);
+  r = provider("GET", "/metrics", "", false);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_TRUE(absl::StrContains(r.body, "gateway_")) << r.body.substr(0, 200);
+  // The function routes work through it.
+  std::string image = gw->PushTestBundle("test");
+  r = provider("POST", "/system/functions",
+               json{{"service", "via-provider"}, {"image", image}}.dump());
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = provider("GET", "/system/functions");
+  EXPECT_TRUE(absl::StrContains(r.body, "via-provider")) << r.body;
+  r = provider("GET", "/system/function/via-provider");
+  EXPECT_EQ(r.status, 200) << r.body;
+  // Silt's own routes are not the provider's, and say where they are; the
+  // OpenFaaS gateway queues async calls itself.
+  r = provider("GET", "/system/nodes");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_TRUE(absl::StrContains(r.body, "--listen")) << r.body;
+  EXPECT_EQ(provider("POST", "/async-function/via-provider", "x").status, 404);
+  EXPECT_EQ(gw->Call("GET", "/system/nodes").status, 200);
+  // The CLI says which URL its Silt commands need.
+  auto cli = RunCommand(
+      {SILT_CLI_BIN, "image", "list", "--gateway", gw->provider_url()});
+  EXPECT_NE(cli.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(cli.err, "--listen address")) << cli.err;
+  r = provider("DELETE", "/system/functions",
+               json{{"functionName", "via-provider"}}.dump());
+  EXPECT_EQ(r.status, 200) << r.body;
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(GatewayApiTest, DeployEchoesExactlyWhatWasDeployed) {
   json d = {{"service", "hello"},
             {"image", Img("ghcr.io/example/hello:0.1")},

@@ -17,6 +17,11 @@ struct Options {
   std::string listen = "127.0.0.1:8080";
   std::string metrics_listen = ":8082";
   std::string grpc_listen = "127.0.0.1:8081";  // where invokers connect
+  // A listener for the OpenFaaS gateway, as faasd's provider (:8081 there):
+  // the faas-provider contract exactly (GET /system/info flat, the function
+  // and secret routes, logs, /function/, /healthz, /metrics), none of Silt's
+  // own routes. Empty: none.
+  std::string provider_listen;
   // Owner-only (0700) with everything the gateway keeps in it: Start tightens
   // a data dir, store or bundle file that group or others can reach.
   std::string data_dir;
@@ -71,6 +76,7 @@ class Gateway {
   // The bound addresses as ADDR:PORT (the real port when 0 was asked for).
   std::string listen_address() const;
   std::string metrics_address() const;
+  std::string provider_address() const;  // empty without provider_listen
   std::string grpc_address() const;
   // The file holding the basic-auth password, empty with auth off.
   std::string password_file() const;
