@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/process.h"
 #include "containerd/cni.h"
 #include "gtest/gtest.h"
@@ -368,12 +369,19 @@ TEST_F(ContainerdTest, ContainersGetAnAddressOnTheBridgeThroughCni) {
   }
   EXPECT_TRUE(absl::StartsWith(addresses[0], "10.199.7."));
   EXPECT_NE(addresses[0], addresses[1]);
-  // No rule is left behind; a second Del, without the namespace, is no
+  // The node's one masquerading rule is all there is for the subnet, and
+  // goes with Unmasquerade; a second Del, without the namespace, is no
   // error.
   auto rules =
       silt::testing::RunCommand({"/usr/sbin/iptables", "-t", "nat", "-S"});
-  EXPECT_FALSE(absl::StrContains(rules.out, "10.199.7.")) << rules.out;
+  size_t n = 0;
+  for (absl::string_view line : absl::StrSplit(rules.out, '\n'))
+    n += absl::StrContains(line, "10.199.7.");
+  EXPECT_EQ(n, 1u) << rules.out;
   EXPECT_TRUE((*cni)->Del("net-a", "").ok());
+  EXPECT_TRUE((*cni)->Unmasquerade().ok());
+  rules = silt::testing::RunCommand({"/usr/sbin/iptables", "-t", "nat", "-S"});
+  EXPECT_FALSE(absl::StrContains(rules.out, "10.199.7.")) << rules.out;
 }
 
 TEST(ImageNameTest, NormalizesAsDockerAndContainerdDo) {

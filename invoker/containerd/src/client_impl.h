@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "containerd/containerd.h"
 #include "github.com/containerd/containerd/api/services/containers/v1/containers.grpc.pb.h"
 #include "github.com/containerd/containerd/api/services/content/v1/content.grpc.pb.h"
@@ -65,6 +66,28 @@ struct Client::Impl {
     ctx->set_deadline(std::chrono::system_clock::now() + timeout);
     return ctx;
   }
+};
+
+// A lease of containerd's, held while this lives: what is made under it
+// (Client::Impl::Context's `lease`) is safe from containerd's garbage
+// collector, which may run at any time (after any removal), until something
+// else refers to it. It expires by itself should the invoker die holding it.
+class Lease {
+ public:
+  Lease(Client::Impl* impl, const std::string& prefix, absl::Duration expire,
+        bool sync_delete);
+  ~Lease();  // deletes it (with sync_delete, what nothing holds is gone)
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  // Empty, with why, when containerd made none.
+  const std::string& id() const { return id_; }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  Client::Impl* impl_;
+  std::string id_;
+  absl::Status status_;
+  bool sync_delete_;
 };
 
 }  // namespace silt::containerd

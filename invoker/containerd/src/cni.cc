@@ -1,8 +1,11 @@
 #include "containerd/cni.h"
 
 #include <fcntl.h>
+#include <net/if.h>
 #include <sched.h>
 #include <spawn.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +26,49 @@ using nlohmann::json;
 
 constexpr char kVersion[] = "0.4.0";
 
+// Runs a tool (argv[0] a path) with no input or output: its exit status, or
+// -1 when it cannot run.
+int RunTool(std::vector<std::string> argv) {
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  for (int fd : {0, 1, 2})
+    posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", O_RDWR, 0);
+  pid_t pid = -1;
+  int err = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (err != 0) return -1;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The node's one masquerading rule for the containers' egress (as docker
+// keeps one per bridge network): from the subnet to anywhere outside it.
+std::vector<std::string> MasqueradeRule(const std::string& action,
+                                        const std::string& subnet) {
+  return {"/usr/sbin/iptables",
+          "-w",
+          "-t",
+          "nat",
+          action,
+          "POSTROUTING",
+          "-s",
+          subnet,
+          "!",
+          "-d",
+          subnet,
+          "-m",
+          "comment",
+          "--comment",
+          "silt: containers' egress",
+          "-j",
+          "MASQUERADE"};
+}
+
 }  // namespace
 
 absl::StatusOr<NetworkNamespace> NetworkNamespace::Create() {
@@ -31,8 +77,21 @@ absl::StatusOr<NetworkNamespace> NetworkNamespace::Create() {
   int fd = -1, err = 0;
   std::thread([&] {
     if (unshare(CLONE_NEWNET) != 0 ||
-        (fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC)) < 0)
+        (fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC)) < 0) {
       err = errno;
+      return;
+    }
+    // Loopback up, as CNI's loopback plugin would (without a process).
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    ifreq ifr{};
+    strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+    if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0 ||
+        (ifr.ifr_flags |= IFF_UP, ioctl(s, SIOCSIFFLAGS, &ifr)) != 0) {
+      err = errno;
+      close(fd);
+      fd = -1;
+    }
+    if (s >= 0) close(s);
   }).join();
   if (fd < 0)
     return absl::InternalError(
@@ -58,14 +117,31 @@ std::string NetworkNamespace::path() const {
 }
 
 absl::StatusOr<std::unique_ptr<Cni>> Cni::Create(CniOptions options) {
-  for (const char* p : {"bridge", "host-local", "loopback"})
+  for (const char* p : {"bridge", "host-local"})
     if (access((options.plugin_dir + "/" + p).c_str(), X_OK) != 0)
       return absl::FailedPreconditionError(absl::StrCat(
           "the CNI plugin ", p, " is not in ", options.plugin_dir,
           ": install containernetworking-plugins (deploy/setup.sh)"));
   if (options.state_dir.empty())
     return absl::InvalidArgumentError("CNI needs a state directory");
+  // Egress by one node-wide rule rather than the bridge plugin's ipMasq (a
+  // chain and rules per container, made and removed with iptables on every
+  // start and stop: 30 ms of each start, 60 ms of each stop here).
+  if (RunTool(MasqueradeRule("-C", options.subnet)) != 0 &&
+      RunTool(MasqueradeRule("-A", options.subnet)) != 0)
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot add the masquerading rule for ", options.subnet,
+                     " (iptables -t nat -A POSTROUTING): install iptables "
+                     "(deploy/setup.sh)"));
   return std::unique_ptr<Cni>(new Cni(std::move(options)));
+}
+
+absl::Status Cni::Unmasquerade() {
+  while (RunTool(MasqueradeRule("-C", options_.subnet)) == 0)
+    if (RunTool(MasqueradeRule("-D", options_.subnet)) != 0)
+      return absl::InternalError(absl::StrCat(
+          "cannot remove the masquerading rule for ", options_.subnet));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> Cni::Run(const std::string& plugin,
@@ -151,7 +227,7 @@ std::string Cni::BridgeConfig() const {
               {"type", "bridge"},
               {"bridge", options_.bridge},
               {"isGateway", true},
-              {"ipMasq", true},
+              {"ipMasq", false},  // the node's rule (Create)
               {"ipam",
                {{"type", "host-local"},
                 {"subnet", options_.subnet},
@@ -162,10 +238,8 @@ std::string Cni::BridgeConfig() const {
 
 absl::StatusOr<std::string> Cni::Add(const std::string& id,
                                      const std::string& netns) {
-  json lo = {{"cniVersion", kVersion}, {"name", "lo"}, {"type", "loopback"}};
   absl::StatusOr<std::string> r =
-      Run("loopback", "ADD", id, netns, "lo", lo.dump());
-  if (r.ok()) r = Run("bridge", "ADD", id, netns, "eth0", BridgeConfig());
+      Run("bridge", "ADD", id, netns, "eth0", BridgeConfig());
   std::string ip;
   if (r.ok()) {
     json result = json::parse(*r, nullptr, false);

@@ -1,11 +1,15 @@
 #include "containerd/containerd.h"
 
 #include <csignal>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client_impl.h"
 #include "oci_spec.h"
+#include "random_id.h"
 
 namespace silt::containerd {
 namespace {
@@ -62,15 +66,46 @@ absl::StatusOr<std::string> Client::Version() {
   return res.version();
 }
 
+Lease::Lease(Client::Impl* impl, const std::string& prefix,
+             absl::Duration expire, bool sync_delete)
+    : impl_(impl), sync_delete_(sync_delete) {
+  leases_v1::CreateRequest req;
+  req.set_id(prefix + invoker::RandomId(12));
+  (*req.mutable_labels())["containerd.io/gc.expire"] = absl::FormatTime(
+      absl::RFC3339_sec, absl::Now() + expire, absl::UTCTimeZone());
+  leases_v1::CreateResponse res;
+  auto ctx = impl_->Context();
+  status_ = FromGrpc(impl_->leases->Create(ctx.get(), req, &res),
+                     "cannot create a lease");
+  if (status_.ok()) id_ = req.id();
+}
+
+Lease::~Lease() {
+  if (id_.empty()) return;
+  leases_v1::DeleteRequest req;
+  req.set_id(id_);
+  req.set_sync(sync_delete_);
+  google::protobuf::Empty res;
+  auto ctx = impl_->Context();
+  impl_->leases->Delete(ctx.get(), req, &res);
+}
+
 absl::Status Client::Create(const ContainerSpec& spec) {
-  // An image's container is rooted on a snapshot of its own.
+  // An image's container is rooted on a snapshot of its own, made under a
+  // lease until the container refers to it: containerd's garbage collector
+  // (run after any removal, another instance's say) takes a snapshot that
+  // nothing refers to.
   google::protobuf::RepeatedPtrField<::containerd::types::Mount> rootfs;
   std::string image_name;
+  std::optional<Lease> lease;
   if (!spec.image.empty()) {
     auto image = GetImage(spec.image);
     if (!image.ok()) return image.status();
     image_name = image->name;
-    auto ctx = impl_->Context();
+    lease.emplace(impl_.get(), "silt-create-", absl::Minutes(10),
+                  /*sync_delete=*/false);
+    if (!lease->status().ok()) return lease->status();
+    auto ctx = impl_->Context(std::chrono::seconds(30), lease->id());
     // Writable even for a read-only root: runc makes the mount points an
     // image lacks (secrets, say) before it makes the root read-only.
     snapshots_v1::PrepareSnapshotRequest req;

@@ -132,29 +132,14 @@ std::vector<std::string> Strings(const json& config, const char* key) {
 class Importer {
  public:
   explicit Importer(Client::Impl* impl) : impl_(impl) {}
-  ~Importer() {
-    if (lease_.empty()) return;
-    leases_v1::DeleteRequest req;
-    req.set_id(lease_);
-    req.set_sync(true);  // what no image holds is gone when Import returns
-    google::protobuf::Empty res;
-    auto ctx = impl_->Context();
-    impl_->leases->Delete(ctx.get(), req, &res);
-  }
 
   absl::Status Begin() {
-    leases_v1::CreateRequest req;
-    req.set_id("silt-import-" + invoker::RandomId(12));
-    // Should the invoker die mid-import, containerd drops what it left.
-    (*req.mutable_labels())["containerd.io/gc.expire"] = absl::FormatTime(
-        absl::RFC3339_sec, absl::Now() + absl::Hours(1), absl::UTCTimeZone());
-    leases_v1::CreateResponse res;
-    auto ctx = impl_->Context();
-    if (auto s = FromGrpc(impl_->leases->Create(ctx.get(), req, &res),
-                          "cannot create a lease for the import");
-        !s.ok())
-      return s;
-    lease_ = req.id();
+    // Should the invoker die mid-import, containerd drops what it left;
+    // what no image holds is gone when Import returns.
+    lease_holder_ = std::make_unique<Lease>(impl_, "silt-import-",
+                                            absl::Hours(1), /*sync=*/true);
+    if (!lease_holder_->status().ok()) return lease_holder_->status();
+    lease_ = lease_holder_->id();
     return absl::OkStatus();
   }
 
@@ -629,7 +614,8 @@ class Importer {
 
  private:
   Client::Impl* impl_;
-  std::string lease_;
+  std::unique_ptr<Lease> lease_holder_;
+  std::string lease_;                             // its id
   std::map<std::string, std::string> meta_;       // index.json, manifest.json
   std::map<std::string, Blob> files_;             // by path in the archive
   std::map<std::string, std::string> by_digest_;  // → path

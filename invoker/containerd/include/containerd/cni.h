@@ -1,8 +1,10 @@
 // Container networking the way faasd does it: each container gets a network
-// namespace with loopback and an eth0 on the node's bridge, an address from
-// host-local IPAM and masquerading for its egress, by running the CNI plugins
-// (Debian's containernetworking-plugins) as the CNI spec says: one process
-// per operation, the network's config on stdin, the result on stdout. A
+// namespace with loopback and an eth0 on the node's bridge and an address from
+// host-local IPAM, by running the CNI bridge plugin (Debian's
+// containernetworking-plugins) as the CNI spec says: one process per
+// operation, the network's config on stdin, the result on stdout. Egress is
+// masqueraded by one rule for the node's subnet (made by Create, as docker
+// keeps one per bridge network), loopback brought up by NetworkNamespace. A
 // container's namespace is made by NetworkNamespace and held by its
 // descriptor, named by a /proc path (/proc/PID/fd/N): the plugins, runc
 // (ContainerSpec::netns, an external namespace CRIU leaves out of a
@@ -29,7 +31,8 @@ struct CniOptions {
   std::string state_dir;  // host-local's address leases (required)
 };
 
-// A new network namespace with nothing in it, held by its descriptor.
+// A new network namespace with loopback up and nothing else in it, held by
+// its descriptor.
 class NetworkNamespace {
  public:
   static absl::StatusOr<NetworkNamespace> Create();
@@ -46,8 +49,11 @@ class NetworkNamespace {
 
 class Cni {
  public:
-  // FailedPrecondition when the plugins are not installed.
+  // Adds the node's masquerading rule for the subnet unless it is there.
+  // FailedPrecondition when the plugins or iptables are not installed.
   static absl::StatusOr<std::unique_ptr<Cni>> Create(CniOptions options);
+  // Removes that rule (a node that runs containers no more; tests).
+  absl::Status Unmasquerade();
 
   // Connects container `id`'s network namespace (`netns`, a path to it) to
   // the bridge: its IPv4 address there ("10.62.0.5").
