@@ -19,6 +19,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -277,39 +278,85 @@ void EchoOne(int fd) {
   close(fd);
 }
 
-// mode=http: one request to the upstream server and its answer back, as it
-// comes (one connection per request).
-void ProxyOne(int fd, const sockaddr_in& upstream) {
-  Request r;
-  if (!ReadRequest(fd, &r)) {
-    close(fd);
-    return;
+// The value of header `name` (case-insensitive), "" when absent.
+std::string HeaderOf(const std::string& head, const std::string& name) {
+  std::istringstream in(head);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    size_t colon = line.find(':');
+    if (colon == std::string::npos || colon != name.size()) continue;
+    if (strncasecmp(line.c_str(), name.c_str(), colon) != 0) continue;
+    std::string v = line.substr(colon + 1);
+    while (!v.empty() && v.front() == ' ') v.erase(0, 1);
+    return v;
   }
-  if (r.target == "/_/health") {
-    Respond(fd, 200, "OK");
-    close(fd);
-    return;
-  }
-  int u = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (connect(u, reinterpret_cast<const sockaddr*>(&upstream),
-              sizeof upstream) != 0) {
-    close(u);
-    WriteAll(fd,
-             "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n"
-             "Connection: close\r\n\r\n");
-    close(fd);
-    return;
-  }
-  WriteAll(u, r.head + r.body);
-  shutdown(u, SHUT_WR);
-  char buf[65536];
+  return "";
+}
+
+// mode=http: the requests of one connection (kept alive, as of-watchdog's
+// server does), each to the upstream server on a connection of its own and
+// its answer back: whole when sized, else as it comes until the server
+// closes (then this connection closes too).
+void ProxyConnection(int fd, const sockaddr_in& upstream) {
   for (;;) {
-    ssize_t n = read(u, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (!WriteAll(fd, std::string(buf, static_cast<size_t>(n)))) break;
+    Request r;
+    if (!ReadRequest(fd, &r)) break;
+    if (r.target == "/_/health") {
+      Respond(fd, 200, "OK");
+      break;
+    }
+    bool keep = strcasecmp(HeaderOf(r.head, "Connection").c_str(), "close");
+    int u = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(u, reinterpret_cast<const sockaddr*>(&upstream),
+                sizeof upstream) != 0) {
+      close(u);
+      WriteAll(fd,
+               "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n"
+               "Connection: close\r\n\r\n");
+      break;
+    }
+    WriteAll(u, r.head + r.body);
+    shutdown(u, SHUT_WR);
+    std::string data;
+    size_t end;
+    char buf[65536];
+    while ((end = data.find("\r\n\r\n")) == std::string::npos) {
+      ssize_t n = read(u, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      data.append(buf, static_cast<size_t>(n));
+    }
+    std::string length = end == std::string::npos
+                             ? ""
+                             : HeaderOf(data.substr(0, end), "Content-Length");
+    if (!keep || length.empty()) {
+      // As it comes, to the end.
+      bool ok = WriteAll(fd, data);
+      for (ssize_t n; ok && (n = read(u, buf, sizeof buf)) > 0;)
+        ok = WriteAll(fd, std::string(buf, static_cast<size_t>(n)));
+      close(u);
+      break;
+    }
+    // Sized: the head without its Connection, the body, and the next
+    // request on this connection.
+    std::string head;
+    std::istringstream lines(data.substr(0, end + 2));
+    for (std::string line; std::getline(lines, line);)
+      if (strncasecmp(line.c_str(), "Connection:", 11) != 0)
+        head += line + "\n";
+    head += "Connection: keep-alive\r\n\r\n";
+    std::string body = data.substr(end + 4);
+    size_t want = strtoull(length.c_str(), nullptr, 10);
+    while (body.size() < want) {
+      ssize_t n = read(u, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      body.append(buf, static_cast<size_t>(n));
+    }
+    close(u);
+    if (body.size() < want || !WriteAll(fd, head + body)) break;
   }
-  close(u);
   close(fd);
 }
 
@@ -362,7 +409,7 @@ int HttpMode(int port) {
   for (;;) {
     int fd = accept4(s, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    std::thread(ProxyOne, fd, upstream).detach();
+    std::thread(ProxyConnection, fd, upstream).detach();
   }
 }
 
