@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,6 +17,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace silt::invoker {
 namespace {
@@ -118,22 +121,47 @@ absl::StatusOr<RunningContainer> ContainerRuntime::Start(
       return absl::AlreadyExistsError(
           absl::StrCat("container ", launch.id, " runs already"));
   }
+  // Where the start's time goes, for the function's log.
+  auto t = Clock::now();
+  auto lap = [&t](const char* what) {
+    auto now = Clock::now();
+    std::string out = absl::StrFormat(
+        "%s %.1f ms", what,
+        std::chrono::duration<double, std::milli>(now - t).count());
+    t = now;
+    return out;
+  };
   auto ip = cni_->Add(launch.id, spec.netns);
   absl::Status s = ip.status();
+  std::vector<std::string> phases = {lap("network")};
   if (s.ok()) s = client_->Create(spec);
+  phases.push_back(lap("create"));
   if (s.ok()) s = client_->Start(launch.id);
-  if (!s.ok()) {
+  phases.push_back(lap("start"));
+  auto pid = s.ok() ? client_->Pid(launch.id) : absl::StatusOr<pid_t>(s);
+  if (!s.ok() || !pid.ok()) {
     Stop(launch.id).IgnoreError();
-    return s;
+    return s.ok() ? pid.status() : s;
   }
   RunningContainer running{launch.id, *ip, spec.netns};
   auto deadline = Clock::now() + timeout;
+  // Polled, as faasd's gateway polls: refused at once until the watchdog
+  // listens; between tries, 1 ms doubling to 8.
+  auto pause = std::chrono::milliseconds(1);
   for (;;) {
     if (WatchdogHealthy(running.ip, kWatchdogPort,
-                        std::chrono::milliseconds(500)))
+                        std::chrono::milliseconds(500))) {
+      phases.push_back(lap("healthy"));
+      running.phases = absl::StrJoin(phases, ", ");
       return running;
+    }
+    if (kill(*pid, 0) == 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(8));
+      continue;
+    }
     // Exited: no health will come.
-    auto exited = client_->Wait(launch.id, std::chrono::milliseconds(10));
+    auto exited = client_->Wait(launch.id, std::chrono::milliseconds(100));
     if (exited.ok() || Clock::now() >= deadline) {
       Stop(launch.id).IgnoreError();  // also makes the log whole
       std::string log = launch.log_path.empty() ? "" : Tail(launch.log_path);

@@ -86,6 +86,8 @@ absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
   close(keep);
   if (!running.ok()) return running.status();
   inst.container = ContainerLease(*runtime, inst.id);
+  logs.Append(Key(spec.namespace_(), spec.name()), inst.id,
+              absl::StrCat("silt: container started (", running->phases, ")"));
   sb->netns = running->netns;
   return absl::OkStatus();
 }
