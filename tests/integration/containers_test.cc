@@ -222,9 +222,12 @@ TEST_F(ContainersTest, ClassicAndHttpModeImagesKeepTheFaasdContract) {
   call = cluster_->gateway().Call("POST", "/function/writable", "");
   EXPECT_TRUE(absl::StrContains(call.body, "\nrw\n")) << call.body;
 
-  // The watchdogs' own output is the function's log.
+  // The watchdogs' own output is the function's log, with where its start's
+  // time went.
   EXPECT_TRUE(Eventually([&] {
-    return absl::StrContains(cluster_->Silt({"logs", "echo"}).out, "mode=http");
+    std::string log = cluster_->Silt({"logs", "echo"}).out;
+    return absl::StrContains(log, "mode=http") &&
+           absl::StrContains(log, "container started (network");
   }));
 }
 
