@@ -111,7 +111,9 @@ functions:
   // Deploying before anything is built or pushed fails clearly.
   auto r = Silt({"deploy", "-f", stack});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_TRUE(absl::StrContains(r.err, "is not a Silt bundle")) << r.err;
+  EXPECT_TRUE(absl::StrContains(
+      r.err, "is neither a Silt bundle nor an imported image"))
+      << r.err;
   r = Silt({"build", "-f", stack});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "Built hello: sha256:")) << r.out;

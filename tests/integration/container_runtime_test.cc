@@ -8,9 +8,11 @@
 // namespaces).
 #include "container_runtime.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -36,6 +38,10 @@ class ContainerRuntimeTest : public ::testing::Test {
                             "/usr/lib/cni/bridge", "/bin/busybox"})
       if (access(bin, X_OK) != 0)
         GTEST_SKIP() << bin << " is not installed: run deploy/setup.sh";
+    // A network of this test process's own (its threads and children,
+    // containerd among them, inherit it): ctest runs tests at once, and two
+    // bridges on one subnet of the host hand out the same addresses.
+    ASSERT_EQ(unshare(CLONE_NEWNET), 0) << strerror(errno);
     dir_ = silt::testing::MakeTempDir("crt");
     auto d = containerd::Daemon::Start(dir_ + "/d");
     ASSERT_TRUE(d.ok()) << d.status();

@@ -7,8 +7,10 @@
 // broken archives refused with nothing left behind.
 #include "containerd/containerd.h"
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -328,7 +330,9 @@ TEST_F(ContainerdTest, ContainersGetAnAddressOnTheBridgeThroughCni) {
   if (access("/usr/lib/cni/bridge", X_OK) != 0)
     GTEST_SKIP() << "containernetworking-plugins is not installed: run "
                     "deploy/setup.sh";
-  // A bridge and subnet of this test's own, removed at its end.
+  // A network of this test process's own (ctest runs tests at once), with
+  // a bridge and subnet of its own, removed at its end.
+  ASSERT_EQ(unshare(CLONE_NEWNET), 0) << strerror(errno);
   std::string bridge = absl::StrCat("silt-t", getpid() % 100000);
   CniOptions o;
   o.bridge = bridge;

@@ -264,7 +264,7 @@ TEST_F(GatewayApiTest, DeployErrors) {
   std::string unknown = "sha256:" + std::string(64, 'b');
   for (const auto& c :
        {Case{R"({"service":"fn","image":"docker.io/library/nginx:1"})", 400,
-             "is not a Silt bundle"},
+             "is neither a Silt bundle nor an imported image"},
         Case{R"({"service":"fn","image":"fn@)" + unknown + R"("})", 400,
              "is not in this gateway's bundle store"}}) {
     auto r = Call("POST", "/system/functions", c.body);
