@@ -826,6 +826,10 @@ class HttpRuntime {
                                       .count()));
         r.set_body(std::move(body));
         if (!res.keep_alive()) stream_.reset();
+        // A server error right after a connection broke: the server may be
+        // going (a watchdog answers 502 for its dead upstream before it
+        // exits itself).
+        if (broke && r.status() >= 500) return Lost(std::move(r));
         return r;
       }
       return Relay(parser, buffer, r, c.seq());
@@ -892,14 +896,21 @@ class HttpRuntime {
   // is gone with its container (which the invoker sees to); an exec
   // bundle's server that exited is gone too: this instance is lost.
   WorkerReply Lost(WorkerReply r) {
-    if (container_ || ServerExited()) r.set_instance_lost(true);
+    if (container_ || ServerExited(std::chrono::milliseconds(100)))
+      r.set_instance_lost(true);
     return r;
   }
-  // Whether the worker's own function server has exited (reaped here).
-  bool ServerExited() {
+  // Whether the worker's own function server has exited (reaped here),
+  // waiting up to `wait` for it: its sockets close before it is a zombie.
+  bool ServerExited(std::chrono::milliseconds wait) {
     if (server_ <= 0) return false;
     int status = 0;
-    if (waitpid(server_, &status, WNOHANG) != server_) return false;
+    auto deadline = std::chrono::steady_clock::now() + wait;
+    pid_t r;
+    while ((r = waitpid(server_, &status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (r != server_) return false;
     LogLine(absl::StrCat("the function server exited (",
                          WIFSIGNALED(status)
                              ? absl::StrCat("signal ", WTERMSIG(status))

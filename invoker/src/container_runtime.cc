@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,7 +26,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The end of a log file; "" for one that is no regular file (the invoker's
+// FIFO, whose lines are the function's log already: reading it here would
+// wait for a writer that is this thread's caller).
 std::string Tail(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
   std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();
@@ -138,11 +144,14 @@ absl::StatusOr<RunningContainer> ContainerRuntime::Start(
   phases.push_back(lap("create"));
   if (s.ok()) s = client_->Start(launch.id);
   phases.push_back(lap("start"));
-  auto pid = s.ok() ? client_->Pid(launch.id) : absl::StatusOr<pid_t>(s);
-  if (!s.ok() || !pid.ok()) {
+  if (!s.ok()) {
     Stop(launch.id).IgnoreError();
-    return s.ok() ? pid.status() : s;
+    return s;
   }
+  // Its process, to tell a watchdog not yet listening from one that exited
+  // (none: it has exited already).
+  auto pid = client_->Pid(launch.id);
+  const pid_t task_pid = pid.ok() ? *pid : -1;
   RunningContainer running{launch.id, *ip, spec.netns};
   auto deadline = Clock::now() + timeout;
   // Polled, as faasd's gateway polls: refused at once until the watchdog
@@ -155,7 +164,7 @@ absl::StatusOr<RunningContainer> ContainerRuntime::Start(
       running.phases = absl::StrJoin(phases, ", ");
       return running;
     }
-    if (kill(*pid, 0) == 0 && Clock::now() < deadline) {
+    if (task_pid > 0 && kill(task_pid, 0) == 0 && Clock::now() < deadline) {
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::milliseconds(8));
       continue;

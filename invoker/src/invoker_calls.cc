@@ -377,7 +377,16 @@ void Invoker::Impl::Call(call_wire::Request& req, RequestBody* body,
     if (!stream.started())
       res->body = absl::StrCat("function ", req.name, " instance ",
                                res->instance, ": ", why, ": ", res->body);
-    Release(*pool, std::move(inst), /*keep=*/false);
+    if (inst.own) {
+      // Torn down by the reaper, after the answer is out.
+      {
+        std::lock_guard<std::mutex> l(mu);
+        graveyard.push_back(std::move(inst.own));
+      }
+      Release(*pool, Lease{}, /*keep=*/false);
+    } else {
+      Release(*pool, std::move(inst), /*keep=*/false);
+    }
     return;
   }
   // The first call after a lazy restore records what it touched: the

@@ -41,8 +41,10 @@ int RunTool(std::vector<std::string> argv) {
   posix_spawn_file_actions_destroy(&fa);
   if (err != 0) return -1;
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  pid_t r;
+  while ((r = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
   }
+  if (r != pid) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 

@@ -203,6 +203,12 @@ absl::StatusOr<pid_t> Client::Pid(const std::string& id) {
                         absl::StrCat("no task ", id));
       !s.ok())
     return s;
+  // An exited task keeps its pid in containerd's record: another process
+  // may have it by now.
+  if (res.process().status() != ::containerd::v1::types::Status::RUNNING &&
+      res.process().status() != ::containerd::v1::types::Status::CREATED &&
+      res.process().status() != ::containerd::v1::types::Status::PAUSED)
+    return absl::NotFoundError(absl::StrCat("task ", id, " is not running"));
   return static_cast<pid_t>(res.process().pid());
 }
 

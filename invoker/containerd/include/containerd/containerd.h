@@ -84,7 +84,8 @@ class Client {
   absl::Status Create(const ContainerSpec& spec);
   absl::Status Start(const std::string& id);
   // The pid of the container's task (its init process, e.g. for
-  // /proc/PID/ns/net). NotFound when it has no task.
+  // /proc/PID/ns/net). NotFound when it has no task, or one no longer
+  // running (its pid may be another process's by now).
   absl::StatusOr<pid_t> Pid(const std::string& id);
   // Waits for the task to exit: its exit status. DeadlineExceeded after
   // `timeout` (the task runs on).
