@@ -56,6 +56,7 @@ using Clock = std::chrono::steady_clock;
 struct Starts {
   std::vector<double> e2e_ms, start_ms;
   std::map<std::string, int> tiers;  // the tier the invoker served
+  std::string refused;               // why a start was refused, if one was
 };
 
 double Pct(std::vector<double> v, double p) {
@@ -74,9 +75,11 @@ Starts ColdStarts(Cluster& c, const std::string& fn, const std::string& tier,
     double ms =
         std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (r.status != 200) {
-      fprintf(stderr, "%s %s start: %d %s\n", fn.c_str(), tier.c_str(),
-              r.status, r.body.c_str());
-      continue;
+      // The tier is not served for this function: say why, once.
+      s.refused = absl::StrCat(r.status, " ", r.body);
+      while (!s.refused.empty() && s.refused.back() == '\n')
+        s.refused.pop_back();
+      break;
     }
     double start = 0;
     (void)absl::SimpleAtod(r.Header("X-Silt-Start-Ms"), &start);
@@ -89,6 +92,7 @@ Starts ColdStarts(Cluster& c, const std::string& fn, const std::string& tier,
 }
 
 std::string Served(const Starts& s) {
+  if (!s.refused.empty()) return "refused: " + s.refused;
   std::string out;
   for (const auto& [tier, n] : s.tiers)
     absl::StrAppend(&out, out.empty() ? "" : ",", tier, ":", n);
