@@ -286,6 +286,72 @@ TEST_F(ContainersTest, AContainerThatCannotStartIsAClearErrorAndHarmsNothing) {
   }));
 }
 
+TEST_F(ContainersTest, ReplicasScaleToZeroAndFailoverAsForBundles) {
+  // A second node that imports the images when it joins; instances idle for
+  // a second are reaped.
+  ASSERT_TRUE(
+      cluster_->AddNode({.name = "node-b", .extra = {"--idle-timeout", "1"}})
+          .ok());
+  ASSERT_TRUE(cluster_->WaitNodes(2).ok());
+  auto holders = [&] {
+    auto r = cluster_->Silt({"image", "list", "-o", "json"});
+    json list = json::parse(r.out, nullptr, false);
+    size_t n = 0;
+    for (const auto& i : list)
+      if (i.value("name", "") == "docker.io/silt/http:1") n = i["nodes"].size();
+    return n;
+  };
+  ASSERT_TRUE(Eventually([&] { return holders() == 2; }));
+  Deploy({{"service", "echo"},
+          {"image", "silt/http:1"},
+          {"constraints", {"node.name == node-b"}}});
+  auto containers = [&] {
+    auto c = containerd::Client::Connect(
+        dir_ + "/node-b/containerd/containerd.sock", "silt");
+    if (!c.ok()) return size_t{0};
+    auto ids = (*c)->List();
+    return ids.ok() ? ids->size() : size_t{0};
+  };
+  auto scale = [&](int n) {
+    return cluster_->gateway()
+        .Call("POST", "/system/scale-function/echo",
+              absl::StrCat(R"({"serviceName":"echo","replicas":)", n, "}"))
+        .status;
+  };
+  ASSERT_EQ(scale(3), 200);
+  EXPECT_TRUE(Eventually([&] { return containers() == 3; })) << containers();
+  // To zero: the containers go; the next call starts one again.
+  ASSERT_EQ(scale(0), 200);
+  EXPECT_TRUE(Eventually([&] { return containers() == 0; })) << containers();
+  auto call = cluster_->gateway().Call("POST", "/function/echo", "back");
+  EXPECT_EQ(call.status, 200) << call.body;
+  EXPECT_EQ(call.body, "back");
+  EXPECT_EQ(call.Header("X-Silt-Node"), "node-b");
+
+  // The node running a function dies: its calls go to the other node.
+  Deploy({{"service", "fo"}, {"image", "silt/http:1"}});
+  call = cluster_->gateway().Call("POST", "/function/fo", "one");
+  ASSERT_EQ(call.status, 200) << call.body;
+  std::string first(call.Header("X-Silt-Node"));
+  cluster_->StopNode(first, SIGKILL);
+  ASSERT_TRUE(cluster_->WaitNodes(1).ok());
+  EXPECT_TRUE(Eventually([&] {
+    auto c = cluster_->gateway().Call("POST", "/function/fo", "two");
+    return c.status == 200 && c.body == "two" &&
+           c.Header("X-Silt-Node") != first;
+  }));
+  // Back, it removes what its last run left (and stops it all at the end).
+  ASSERT_TRUE(cluster_->AddNode({.name = first}).ok());
+  ASSERT_TRUE(cluster_->WaitNodes(2).ok());
+  EXPECT_TRUE(Eventually([&] {
+    auto c = containerd::Client::Connect(
+        dir_ + "/" + first + "/containerd/containerd.sock", "silt");
+    if (!c.ok()) return false;
+    auto ids = (*c)->List();
+    return ids.ok() && ids->empty();
+  }));
+}
+
 TEST_F(ContainersTest, ContainerdKilledUnderLoadIsRestartedAndCallsGoOn) {
   Deploy({{"service", "echo"}, {"image", "silt/http:1"}});
   auto call = cluster_->gateway().Call("POST", "/function/echo", "warm");
