@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -114,6 +116,7 @@ absl::StatusOr<RunningContainer> ContainerRuntime::Start(
   spec.memory_limit_bytes = launch.memory_limit_bytes;
   spec.cpu_millis = launch.cpu_millis;
   spec.log_path = launch.log_path;
+  spec.restore_from = launch.restore_from;
   if (!launch.secrets_dir.empty())
     spec.mounts.push_back({launch.secrets_dir, kContainerSecretsDir, true});
   // Its network first (a namespace of its own on the bridge), held until
@@ -210,6 +213,28 @@ absl::Status ContainerRuntime::Stop(const std::string& id) {
   // undo their work in it.
   absl::Status unplugged = cni_->Del(id, netns ? netns->path() : "");
   return deleted.ok() ? unplugged : deleted;
+}
+
+absl::Status ContainerRuntime::Checkpoint(const std::string& id,
+                                          const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec))
+    return absl::AlreadyExistsError(absl::StrCat(dir, " exists"));
+  std::string tmp = absl::StrCat(dir, ".tmp-", id);
+  std::filesystem::remove_all(tmp, ec);
+  std::filesystem::remove_all(tmp + ".work", ec);
+  absl::Status s = client_->Checkpoint(id, tmp);
+  if (s.ok() && rename(tmp.c_str(), dir.c_str()) != 0)
+    s = errno == EEXIST || errno == ENOTEMPTY
+            ? absl::AlreadyExistsError(absl::StrCat(dir, " exists"))
+            : absl::InternalError(
+                  absl::StrCat("rename to ", dir, ": ", strerror(errno)));
+  // CRIU's log stays beside it when it failed, for whoever looks.
+  if (s.ok()) std::filesystem::remove_all(tmp + ".work", ec);
+  if (!s.ok()) std::filesystem::remove_all(tmp, ec);
+  if (!s.ok() && !absl::IsAlreadyExists(s))
+    return absl::FailedPreconditionError(s.message());
+  return s;
 }
 
 std::string ContainerRuntime::WhyLost(const std::string& id,

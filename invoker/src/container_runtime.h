@@ -38,6 +38,9 @@ struct ContainerLaunch {
   uint64_t cpu_millis = 0;
   bool read_only_root = true;
   std::string log_path;  // its stdout and stderr
+  // A checkpoint of an instance of the same function (Checkpoint): its
+  // processes are restored from it instead of booting the image.
+  std::string restore_from;
 };
 
 struct RunningContainer {
@@ -59,6 +62,11 @@ class ContainerRuntime {
   // answers. Nothing is left behind when it fails.
   absl::StatusOr<RunningContainer> Start(const ContainerLaunch& launch,
                                          std::chrono::milliseconds timeout);
+  // Checkpoints a running instance into `dir` (CRIU images through runc;
+  // made whole under a temporary name first, so `dir` exists only whole),
+  // leaving it running: FailedPrecondition when CRIU cannot (e.g. a
+  // connection open in it), AlreadyExists when `dir` is there.
+  absl::Status Checkpoint(const std::string& id, const std::string& dir);
   // Stops the instance: its container, snapshot and network. OK when
   // there is nothing left of it.
   absl::Status Stop(const std::string& id);

@@ -403,6 +403,14 @@ void Invoker::Impl::RecordWorkingSet(const std::string& id, pid_t pid) {
 void Invoker::Impl::CollectImages(const std::set<std::string>& wanted_ids) {
   for (const auto& m : images->List())
     if (!wanted_ids.contains(m.id)) DropImage(m.id, "");
+  // Container functions' checkpoints (and what a failed one left) too.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(
+           options.data_dir + "/container-checkpoints", ec)) {
+    std::string name = e.path().filename().string();
+    if (!wanted_ids.contains(name.substr(0, name.find('.'))))
+      std::filesystem::remove_all(e.path(), ec);
+  }
 }
 
 }  // namespace silt::invoker

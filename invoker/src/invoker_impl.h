@@ -344,8 +344,14 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       const FunctionSpec& spec);
   // Starts the container of a container function's instance: its network
   // namespace for the worker's sandbox (sb->netns).
+  // `tier`: kAny restores from the function's checkpoint on this node when
+  // there is one (and checkpoints the first instance it boots), kBoot boots,
+  // kRestore restores or fails.
   absl::Status StartContainer(const FunctionSpec& spec, Instance& inst,
-                              SandboxSpec* sb);
+                              SandboxSpec* sb, ColdStart tier);
+  // Where a container function version's checkpoint is kept on this node
+  // (DATA_DIR/container-checkpoints/<snapshot id>).
+  std::string ContainerCheckpointDir(const FunctionSpec& spec) const;
   // Snapshot images complete on this node, their plans and working sets
   // (DATA_DIR/snapshots, DATA_DIR/working-sets).
   std::unique_ptr<ImageCatalog> images;
@@ -414,9 +420,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   uint64_t CpuMillis(const FunctionSpec& spec) const;
 
   // Boot: a new sandbox, silt-worker, the function's init.
+  // `container_tier`: how a container function's instance starts
+  // (StartContainer).
   absl::StatusOr<std::unique_ptr<Instance>> StartInstance(
       const FunctionSpec& spec, const Bundle& bundle,
-      bool snapshot_ready = false);
+      bool snapshot_ready = false, ColdStart container_tier = ColdStart::kAny);
 
   // Why an instance's channel broke: OOM kill, seccomp violation, crash.
   // How an instance died (it is killed first if it has not).

@@ -52,8 +52,14 @@ absl::StatusOr<std::shared_ptr<const Bundle>> Invoker::Impl::BundleFor(
   return bundles->Ensure(spec.bundle_digest());
 }
 
+std::string Invoker::Impl::ContainerCheckpointDir(
+    const FunctionSpec& spec) const {
+  return options.data_dir + "/container-checkpoints/" + SnapshotIdOf(spec);
+}
+
 absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
-                                           Instance& inst, SandboxSpec* sb) {
+                                           Instance& inst, SandboxSpec* sb,
+                                           ColdStart tier) {
   auto runtime = container_images->Runtime();
   if (!runtime.ok()) return runtime.status();
   ContainerLaunch l;
@@ -81,13 +87,64 @@ absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
     return absl::InternalError(
         absl::StrCat("opening ", l.log_path, ": ", strerror(errno)));
   }
-  collector->Add(r, Key(spec.namespace_(), spec.name()), inst.id);
-  auto running = (*runtime)->Start(l, std::chrono::seconds(60));
+  const std::string fn = Key(spec.namespace_(), spec.name());
+  collector->Add(r, fn, inst.id);
+  // Restored from the function's checkpoint on this node when there is one
+  // (a failed restore drops it and boots), else booted, and the first boot
+  // checkpointed for the next (snapshots wanted: com.silt.snapshot).
+  const bool snapshots = snapshots_on && SnapshotsWanted(spec);
+  const std::string checkpoint = ContainerCheckpointDir(spec);
+  std::error_code ec;
+  const bool have = snapshots && std::filesystem::exists(checkpoint, ec);
+  if (tier == ColdStart::kRestore && !have)
+    return absl::FailedPreconditionError(
+        absl::StrCat("function ", spec.name(),
+                     snapshots ? " has no checkpoint on this node yet"
+                               : " does not use snapshots"));
+  absl::StatusOr<RunningContainer> running =
+      absl::UnavailableError("not started");
+  if (have && tier != ColdStart::kBoot) {
+    l.restore_from = checkpoint;
+    running = (*runtime)->Start(l, std::chrono::seconds(60));
+    if (running.ok()) {
+      inst.tier = call_wire::StartTier::kRestore;
+    } else if (tier == ColdStart::kRestore) {
+      close(keep);
+      return running.status();
+    } else {
+      logs.Append(fn, "invoker",
+                  absl::StrCat("silt: restoring the container failed (",
+                               running.status().message(),
+                               "); dropping its checkpoint and booting"));
+      std::filesystem::remove_all(checkpoint, ec);
+      l.restore_from.clear();
+    }
+  }
+  if (!running.ok()) running = (*runtime)->Start(l, std::chrono::seconds(60));
   close(keep);
   if (!running.ok()) return running.status();
   inst.container = ContainerLease(*runtime, inst.id);
-  logs.Append(Key(spec.namespace_(), spec.name()), inst.id,
-              absl::StrCat("silt: container started (", running->phases, ")"));
+  logs.Append(fn, inst.id,
+              absl::StrCat("silt: container ",
+                           l.restore_from.empty() ? "started" : "restored",
+                           " (", running->phases, ")"));
+  if (snapshots && !have && l.restore_from.empty()) {
+    // Before its first call: no connection is open in it yet.
+    std::filesystem::create_directories(
+        options.data_dir + "/container-checkpoints", ec);
+    auto start = Clock::now();
+    absl::Status s = (*runtime)->Checkpoint(inst.id, checkpoint);
+    if (s.ok())
+      logs.Append(fn, inst.id,
+                  absl::StrFormat("silt: container checkpointed in %.1f ms",
+                                  std::chrono::duration<double, std::milli>(
+                                      Clock::now() - start)
+                                      .count()));
+    else if (!absl::IsAlreadyExists(s))
+      logs.Append(
+          fn, inst.id,
+          absl::StrCat("silt: no checkpoint of the container: ", s.message()));
+  }
   sb->netns = running->netns;
   return absl::OkStatus();
 }
@@ -183,7 +240,8 @@ uint64_t Invoker::Impl::CpuMillis(const FunctionSpec& spec) const {
 }
 
 absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::StartInstance(
-    const FunctionSpec& spec, const Bundle& bundle, bool snapshot_ready) {
+    const FunctionSpec& spec, const Bundle& bundle, bool snapshot_ready,
+    ColdStart container_tier) {
   auto start = Clock::now();
   auto inst = NewInstance(spec);
   inst->tier = call_wire::StartTier::kBoot;
@@ -199,7 +257,7 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::StartInstance(
   SandboxSpec sb;
   absl::Status ready_sb = SandboxFor(spec, bundle, *inst, snapshot_ready, &sb);
   if (ready_sb.ok() && bundle.manifest.kind == "container")
-    ready_sb = StartContainer(spec, *inst, &sb);
+    ready_sb = StartContainer(spec, *inst, &sb, container_tier);
   if (!ready_sb.ok()) {
     close(chan[0]);
     close(chan[1]);

@@ -128,6 +128,14 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::StartFresh(
       pool->last_burst = now;
     pool->last_start = now;
   }
+  if (pool->bundle->manifest.kind == "container") {
+    // Its own tiers: boot, or restore from its checkpoint (StartContainer).
+    if (force == ColdStart::kFork || force == ColdStart::kCriu)
+      return absl::FailedPreconditionError(
+          absl::StrCat("function ", pool->spec.name(),
+                       " is a container: it boots or restores"));
+    return StartInstance(pool->spec, *pool->bundle, false, force);
+  }
   if (force == ColdStart::kBoot || !pool->snapshot_wanted) {
     if (force != ColdStart::kAny && force != ColdStart::kBoot)
       return absl::FailedPreconditionError(absl::StrCat(

@@ -7,7 +7,11 @@
 // broken archives refused with nothing left behind.
 #include "containerd/containerd.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -15,6 +19,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -386,6 +391,66 @@ TEST_F(ContainerdTest, ContainersGetAnAddressOnTheBridgeThroughCni) {
   EXPECT_TRUE((*cni)->Unmasquerade().ok());
   rules = silt::testing::RunCommand({"/usr/sbin/iptables", "-t", "nat", "-S"});
   EXPECT_FALSE(absl::StrContains(rules.out, "10.199.7.")) << rules.out;
+}
+
+// GET / of an HTTP server on 127.0.0.1:8080 in network namespace `ns`: its
+// answer, "" when there is none.
+std::string GetIn(const NetworkNamespace& ns) {
+  std::string answer;
+  std::thread([&] {
+    int nsfd = open(ns.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (nsfd < 0 || setns(nsfd, CLONE_NEWNET) != 0) return;
+    close(nsfd);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(8080);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      std::string req = "GET / HTTP/1.0\r\n\r\n";
+      if (write(fd, req.data(), req.size()) == ssize_t(req.size())) {
+        char buf[4096];
+        for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;)
+          answer.append(buf, size_t(n));
+      }
+    }
+    close(fd);
+  }).join();
+  return answer;
+}
+
+TEST_F(ContainerdTest, ACheckpointedServerIsRestoredIntoANewNetwork) {
+  std::filesystem::create_directories(rootfs_ + "/www");
+  std::ofstream(rootfs_ + "/www/index.html") << "served\n";
+  std::filesystem::create_symlink("busybox", rootfs_ + "/bin/httpd");
+  auto a = NetworkNamespace::Create();
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto spec = Spec("srv-1", "exec httpd -f -p 8080 -h /www");
+  spec.netns = a->path();
+  ASSERT_TRUE(client_->Create(spec).ok());
+  ASSERT_TRUE(client_->Start("srv-1").ok());
+  ASSERT_TRUE(silt::testing::Eventually(
+      [&] { return absl::StrContains(GetIn(*a), "served"); }));
+  std::string images = dir_ + "/ckpt";
+  auto s = client_->Checkpoint("srv-1", images);
+  ASSERT_TRUE(s.ok()) << s;
+  // Still serving; a second container restored from it, in a network of
+  // its own, serves too.
+  EXPECT_TRUE(absl::StrContains(GetIn(*a), "served"));
+  auto b = NetworkNamespace::Create();
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto restored = Spec("srv-2", "exit 1");  // not run: restored
+  restored.netns = b->path();
+  restored.restore_from = images;
+  s = client_->Create(restored);
+  ASSERT_TRUE(s.ok()) << s;
+  s = client_->Start("srv-2");
+  EXPECT_TRUE(s.ok()) << s
+                      << ReadFile(images + ".work/restore.log").substr(0, 3000);
+  EXPECT_TRUE(silt::testing::Eventually(
+      [&] { return absl::StrContains(GetIn(*b), "served"); }));
+  EXPECT_TRUE(client_->Delete("srv-1").ok());
+  EXPECT_TRUE(client_->Delete("srv-2").ok());
 }
 
 TEST(ImageNameTest, NormalizesAsDockerAndContainerdDo) {

@@ -233,6 +233,42 @@ TEST_F(ContainersTest, ClassicAndHttpModeImagesKeepTheFaasdContract) {
   }));
 }
 
+TEST_F(ContainersTest, LaterInstancesAreRestoredFromTheFirstOnesCheckpoint) {
+  Deploy({{"service", "echo"}, {"image", "silt/http:1"}});
+  auto call = cluster_->gateway().Call("POST", "/function/echo", "first");
+  ASSERT_EQ(call.status, 200) << call.body;
+  EXPECT_EQ(call.Header("X-Silt-Start"), "boot");
+  // Checkpointed after its first boot: new instances are restored from it,
+  // each in a network of its own, and serve.
+  for (int i = 0; i < 3; ++i) {
+    call = cluster_->gateway().Call("POST", "/function/echo", "again", true,
+                                    {{"X-Silt-Cold-Start", "restore"}});
+    EXPECT_EQ(call.status, 200) << call.body;
+    EXPECT_EQ(call.body, "again");
+    EXPECT_EQ(call.Header("X-Silt-Start"), "restore");
+  }
+  EXPECT_TRUE(Eventually([&] {
+    std::string log = cluster_->Silt({"logs", "echo"}).out;
+    return absl::StrContains(log, "container checkpointed") &&
+           absl::StrContains(log, "container restored");
+  }));
+  // Forced boots still boot; a function that wants no snapshots is never
+  // checkpointed.
+  call = cluster_->gateway().Call("POST", "/function/echo", "b", true,
+                                  {{"X-Silt-Cold-Start", "boot"}});
+  EXPECT_EQ(call.Header("X-Silt-Start"), "boot");
+  Deploy({{"service", "plain"},
+          {"image", "silt/http:1"},
+          {"labels", {{"com.silt.snapshot", "false"}}}});
+  ASSERT_EQ(cluster_->gateway().Call("POST", "/function/plain", "x").status,
+            200);
+  call = cluster_->gateway().Call("POST", "/function/plain", "x", true,
+                                  {{"X-Silt-Cold-Start", "restore"}});
+  EXPECT_NE(call.status, 200);
+  EXPECT_TRUE(absl::StrContains(call.body, "does not use snapshots"))
+      << call.body;
+}
+
 TEST_F(ContainersTest, AContainerKilledAtItsMemoryLimitIs502AndReplaced) {
   Deploy({{"service", "mem"},
           {"image", "silt/http:1"},

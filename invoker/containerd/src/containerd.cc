@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client_impl.h"
+#include "github.com/containerd/containerd/runtime/v2/runc/options/oci.pb.h"
 #include "oci_spec.h"
 #include "random_id.h"
 
@@ -16,6 +17,11 @@ namespace {
 
 namespace containers = containers_v1;
 namespace tasks = tasks_v1;
+
+// The runc shim's options, as containerd's typeurl names them.
+constexpr char kRuncOptionsType[] = "containerd.runc.v1.Options";
+constexpr char kRuncCheckpointOptionsType[] =
+    "containerd.runc.v1.CheckpointOptions";
 namespace version = version_v1;
 
 // containerd's own names for what an Any holds (no type.googleapis.com/).
@@ -162,6 +168,14 @@ absl::Status Client::Create(const ContainerSpec& spec) {
   tasks::CreateTaskRequest req;
   req.set_container_id(spec.id);
   *req.mutable_rootfs() = std::move(rootfs);
+  if (!spec.restore_from.empty()) {
+    // Start restores the task from these CRIU images (runc restore).
+    ::containerd::runc::v1::Options o;
+    o.set_criu_image_path(spec.restore_from);
+    o.set_criu_work_path(spec.restore_from + ".work");
+    req.mutable_options()->set_type_url(kRuncOptionsType);
+    req.mutable_options()->set_value(o.SerializeAsString());
+  }
   if (!spec.log_path.empty()) {
     req.set_stdout("file://" + spec.log_path);
     req.set_stderr("file://" + spec.log_path);
@@ -192,6 +206,22 @@ absl::Status Client::Start(const std::string& id) {
   auto ctx = impl_->Context();
   return FromGrpc(impl_->tasks->Start(ctx.get(), req, &res),
                   absl::StrCat("cannot start task ", id));
+}
+
+absl::Status Client::Checkpoint(const std::string& id,
+                                const std::string& image_dir) {
+  ::containerd::runc::v1::CheckpointOptions o;
+  o.set_exit(false);  // it runs on
+  o.set_image_path(image_dir);
+  o.set_work_path(image_dir + ".work");
+  tasks::CheckpointTaskRequest req;
+  req.set_container_id(id);
+  req.mutable_options()->set_type_url(kRuncCheckpointOptionsType);
+  req.mutable_options()->set_value(o.SerializeAsString());
+  tasks::CheckpointTaskResponse res;
+  auto ctx = impl_->Context(std::chrono::seconds(60));
+  return FromGrpc(impl_->tasks->Checkpoint(ctx.get(), req, &res),
+                  absl::StrCat("cannot checkpoint task ", id));
 }
 
 absl::StatusOr<pid_t> Client::Pid(const std::string& id) {

@@ -65,6 +65,10 @@ struct ContainerSpec {
   // once the task is deleted (after Wait, its last bytes may still be on
   // their way).
   std::string log_path;
+  // CRIU images of a checkpoint of a container of the same image
+  // (Client::Checkpoint): Start restores its processes from them instead of
+  // running `args`. Its network namespace may differ (an external one).
+  std::string restore_from;
 };
 
 class Client {
@@ -83,6 +87,10 @@ class Client {
   // AlreadyExists when the id is taken.
   absl::Status Create(const ContainerSpec& spec);
   absl::Status Start(const std::string& id);
+  // Checkpoints the running task into `image_dir` (CRIU images, through
+  // runc; scratch beside it in `image_dir`.work), leaving it running. Its
+  // network namespace must be one given by path (external to the images).
+  absl::Status Checkpoint(const std::string& id, const std::string& image_dir);
   // The pid of the container's task (its init process, e.g. for
   // /proc/PID/ns/net). NotFound when it has no task, or one no longer
   // running (its pid may be another process's by now).
