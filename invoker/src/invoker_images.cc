@@ -403,7 +403,15 @@ void Invoker::Impl::RecordWorkingSet(const std::string& id, pid_t pid) {
 void Invoker::Impl::CollectImages(const std::set<std::string>& wanted_ids) {
   for (const auto& m : images->List())
     if (!wanted_ids.contains(m.id)) DropImage(m.id, "");
-  // Container functions' checkpoints (and what a failed one left) too.
+  // Container functions' checkpoints (and what a failed one left) and
+  // start times too.
+  {
+    absl::MutexLock l(&container_times_mu);
+    std::erase_if(container_times,
+                  [&](const auto& e) { return !wanted_ids.contains(e.first); });
+    std::erase_if(container_told,
+                  [&](const auto& e) { return !wanted_ids.contains(e.first); });
+  }
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(
            options.data_dir + "/container-checkpoints", ec)) {

@@ -10,8 +10,11 @@
 // the invoker reports, X-Silt-Start-Ms):
 //   container_boot     containerd container + task create, CNI, start, the
 //                      watchdog's /_/health, the worker joining its netns
-//   container_restore  asked for restore: the tier the invoker served is
-//                      printed (a container has no snapshot tier yet: boot)
+//   container_restore  restored from the checkpoint of the function's first
+//                      instance (containerd's Tasks API: runc restore, CRIU)
+//   slow_init_boot, slow_init_restore  the same for an image whose server
+//                      builds --init-mib MiB of state and spends --init-ms
+//                      before it listens (an app's imports)
 //   bundle_boot        the bundle's server exec'd in a sandbox
 //   bundle_restore     the bundle restored from its snapshot, where CRIU can
 //                      checkpoint its listening socket (else it boots: the
@@ -22,7 +25,9 @@
 //   sudo build/tests/bench/bench_container [--runs 20] [--seconds 3]
 //                                          [--gap-ms 50]
 //
-// Ends with name=value lines, among them container_boot_p50_ms,
+// Ends with name=value lines, among them container_restore_vs_boot (boot
+// p50 / restore p50), container_restore_vs_boot_slow_init,
+// container_boot_p50_ms,
 // container_warm_vs_bundle (container warm throughput / bundle warm
 // throughput at 1 connection) and container_warm_vs_bundle_c8.
 #include <unistd.h>
@@ -102,13 +107,15 @@ std::string Served(const Starts& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int runs = 20, gap_ms = 50;
+  int runs = 20, gap_ms = 50, init_ms = 500, init_mib = 64;
   double seconds = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--runs") runs = std::atoi(argv[i + 1]);
     if (a == "--seconds") seconds = std::atof(argv[i + 1]);
     if (a == "--gap-ms") gap_ms = std::atoi(argv[i + 1]);
+    if (a == "--init-ms") init_ms = std::atoi(argv[i + 1]);
+    if (a == "--init-mib") init_mib = std::atoi(argv[i + 1]);
   }
   if (geteuid() != 0) {
     fprintf(stderr, "bench_container: run as root (containerd, sandboxes)\n");
@@ -129,18 +136,28 @@ int main(int argc, char** argv) {
   fs::create_symlink("busybox", dir + "/rootfs/bin/sh");
   fs::create_directories(dir + "/fn/usr/bin");
   fs::copy_file(SILT_TEST_WATCHDOG, dir + "/fn/usr/bin/fwatchdog");
-  auto r = RunCommand({SILT_SOURCE_DIR "/tests/images/make-oci-image.sh",
-                       "--name", "bench/echo:1", "--layer", dir + "/rootfs",
-                       "--layer", dir + "/fn", "-o", dir + "/echo.tar",
-                       "--entrypoint", R"(["/usr/bin/fwatchdog"])", "--env",
-                       "PATH=/bin:/usr/bin", "--env", "mode=http", "--env",
-                       "upstream_url=http://127.0.0.1:8082", "--env",
-                       "fprocess=/usr/bin/fwatchdog echo-server 8082"});
-  if (r.exit_code == 0) r = c.Silt({"image", "import", dir + "/echo.tar"});
-  if (r.exit_code != 0) {
-    fprintf(stderr, "bench_container: image: %s%s\n", r.out.c_str(),
-            r.err.c_str());
-    return 1;
+  // Two images: the echo server as it is (no init), and one whose server
+  // first builds --init-mib of state and spends --init-ms, as an app's
+  // imports do.
+  for (const auto& [image, fprocess] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"bench/echo:1", "/usr/bin/fwatchdog echo-server 8082"},
+           {"bench/slow:1", absl::StrCat("/usr/bin/fwatchdog echo-server 8082 ",
+                                         init_ms, " ", init_mib)}}) {
+    std::string tar = dir + "/" + image.substr(6, image.find(':') - 6) + ".tar";
+    auto r =
+        RunCommand({SILT_SOURCE_DIR "/tests/images/make-oci-image.sh", "--name",
+                    image, "--layer", dir + "/rootfs", "--layer", dir + "/fn",
+                    "-o", tar, "--entrypoint", R"(["/usr/bin/fwatchdog"])",
+                    "--env", "PATH=/bin:/usr/bin", "--env", "mode=http",
+                    "--env", "upstream_url=http://127.0.0.1:8082", "--env",
+                    "fprocess=" + fprocess});
+    if (r.exit_code == 0) r = c.Silt({"image", "import", tar});
+    if (r.exit_code != 0) {
+      fprintf(stderr, "bench_container: image: %s%s\n", r.out.c_str(),
+              r.err.c_str());
+      return 1;
+    }
   }
   // The bundle: the same server, the worker its proxy.
   silt::proclets::BundleManifest m;
@@ -163,7 +180,9 @@ int main(int argc, char** argv) {
   }
   for (const auto& [name, image] :
        std::vector<std::pair<std::string, std::string>>{
-           {"ctr", "bench/echo:1"}, {"bun", "bun@" + digest}}) {
+           {"ctr", "bench/echo:1"},
+           {"slow", "bench/slow:1"},
+           {"bun", "bun@" + digest}}) {
     json fn = {{"service", name}, {"image", image}};
     auto d = c.gateway().Call("POST", "/system/functions", fn.dump(), true,
                               {{"Content-Type", "application/json"}});
@@ -187,6 +206,8 @@ int main(int argc, char** argv) {
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {"container_boot", "ctr", "boot"},
            {"container_restore", "ctr", "restore"},
+           {"slow_init_boot", "slow", "boot"},
+           {"slow_init_restore", "slow", "restore"},
            {"bundle_boot", "bun", "boot"},
            {"bundle_restore", "bun", "restore"}}) {
     Starts s = ColdStarts(c, fn, tier, runs, gap_ms);
@@ -223,8 +244,18 @@ int main(int argc, char** argv) {
          Pct(starts["container_boot"].e2e_ms, 0.5));
   printf("container_boot_start_p50_ms=%.2f\n",
          Pct(starts["container_boot"].start_ms, 0.5));
-  printf("container_restore_served=%s\n",
-         Served(starts["container_restore"]).c_str());
+  printf("container_restore_p50_ms=%.2f\n",
+         Pct(starts["container_restore"].e2e_ms, 0.5));
+  printf("container_restore_vs_boot=%.2f\n",
+         ratio(Pct(starts["container_boot"].e2e_ms, 0.5),
+               Pct(starts["container_restore"].e2e_ms, 0.5)));
+  printf("slow_init_boot_p50_ms=%.2f\n",
+         Pct(starts["slow_init_boot"].e2e_ms, 0.5));
+  printf("slow_init_restore_p50_ms=%.2f\n",
+         Pct(starts["slow_init_restore"].e2e_ms, 0.5));
+  printf("container_restore_vs_boot_slow_init=%.2f\n",
+         ratio(Pct(starts["slow_init_boot"].e2e_ms, 0.5),
+               Pct(starts["slow_init_restore"].e2e_ms, 0.5)));
   printf("bundle_boot_p50_ms=%.2f\n", Pct(starts["bundle_boot"].e2e_ms, 0.5));
   printf("bundle_restore_p50_ms=%.2f\n",
          Pct(starts["bundle_restore"].e2e_ms, 0.5));

@@ -10,7 +10,8 @@
 //    the server writes it; healthy once the server takes connections; when
 //    the server exits, so does the watchdog ("Forked function has
 //    terminated").
-// `watchdog echo-server [PORT]` is such a server for the tests: it listens on
+// `watchdog echo-server [PORT [INIT_MS [INIT_MIB]]]` is such a server for
+// the tests (after an init of INIT_MIB of state and INIT_MS): it listens on
 // PORT ($port) and answers with the request: status from X-Status (200),
 // X-Echo: "METHOD PATH QUERY", each X-* request header back as X-Echo-*, the
 // body as sent, its Content-Type. GET /alloc?mib=N first fills N MiB (to meet a
@@ -419,6 +420,15 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   int port = getenv("port") ? atoi(getenv("port")) : 8080;
   if (argc > 1 && std::string(argv[1]) == "echo-server") {
+    // An init before it listens, as an app's imports take: INIT_MIB of
+    // state built, then INIT_MS more.
+    if (argc > 4) {
+      size_t mib = strtoull(argv[4], nullptr, 10);
+      char* state = static_cast<char*>(malloc(mib << 20));
+      for (size_t i = 0; state != nullptr && i < (mib << 20); i += 4096)
+        state[i] = static_cast<char>(i);
+    }
+    if (argc > 3) usleep(static_cast<useconds_t>(atoi(argv[3])) * 1000);
     int s = Listen(argc > 2 ? atoi(argv[2]) : port);
     for (;;) {
       int fd = accept4(s, nullptr, nullptr, SOCK_CLOEXEC);
