@@ -39,11 +39,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/cluster.h"
+#include "common/http_load.h"
 #include "nlohmann/json.hpp"
 
 namespace {
 
 using silt::testing::Cluster;
+using silt::testing::Connect;
 using silt::testing::RunCommand;
 
 struct Figures {
@@ -112,21 +114,6 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   close(fd);
   return ntohs(a.sin_port);
-}
-
-int Connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
 }
 
 std::string Resp(const std::vector<std::string>& args) {

@@ -16,6 +16,9 @@ struct LoadResult {
   uint64_t errors = 0;
 };
 
+// A TCP connection to 127.0.0.1:PORT with TCP_NODELAY: its fd, or -1.
+int Connect(int port);
+
 // POSTs `body` (text/plain) to `path` for `seconds` on `concurrency`
 // connections (each makes one call first, outside the measurement).
 LoadResult Load(int port, const std::string& path, int concurrency,

@@ -122,68 +122,6 @@ int Run(const std::vector<std::string>& env, const std::string& input,
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-void Serve(int fd) {
-  std::string data;
-  size_t head_end;
-  char buf[65536];
-  while ((head_end = data.find("\r\n\r\n")) == std::string::npos) {
-    ssize_t n = read(fd, buf, sizeof buf);
-    if (n <= 0 || data.size() > (1 << 20)) {
-      close(fd);
-      return;
-    }
-    data.append(buf, static_cast<size_t>(n));
-  }
-  std::istringstream head(data.substr(0, head_end));
-  std::string method, target, version, line;
-  head >> method >> target >> version;
-  std::getline(head, line);
-  std::vector<std::string> env;
-  size_t length = 0;
-  while (std::getline(head, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    std::string name = line.substr(0, colon), value = line.substr(colon + 1);
-    while (!value.empty() && value.front() == ' ') value.erase(0, 1);
-    for (char& c : name)
-      if (c == '-') c = '_';
-    std::string lower = name;
-    for (char& c : lower) c = static_cast<char>(tolower(c));
-    if (lower == "content_length")
-      length = strtoull(value.c_str(), nullptr, 10);
-    env.push_back("Http_" + name + "=" + value);
-  }
-  std::string body = data.substr(head_end + 4);
-  while (body.size() < length) {
-    ssize_t n = read(fd, buf, sizeof buf);
-    if (n <= 0) break;
-    body.append(buf, static_cast<size_t>(n));
-  }
-  std::string path = target, query;
-  if (size_t q = target.find('?'); q != std::string::npos) {
-    path = target.substr(0, q);
-    query = target.substr(q + 1);
-  }
-  if (path == "/_/health") {
-    Respond(fd, 200, "OK");
-    close(fd);
-    return;
-  }
-  env.push_back("Http_Method=" + method);
-  env.push_back("Http_Path=" + path);
-  env.push_back("Http_ContentLength=" + std::to_string(body.size()));
-  if (!query.empty()) env.push_back("Http_Query=" + query);
-  std::string out, err;
-  int code = Run(env, body, &out, &err);
-  if (!err.empty()) fprintf(stderr, "%s", err.c_str());
-  if (code != 0)
-    Respond(fd, 500, err.empty() ? "exit status " + std::to_string(code) : err);
-  else
-    Respond(fd, 200, out);
-  close(fd);
-}
-
 // One request read whole (head and a Content-Length body): false when the
 // peer went away first.
 struct Request {
@@ -224,6 +162,43 @@ bool ReadRequest(int fd, Request* r) {
     r->body.append(buf, static_cast<size_t>(n));
   }
   return true;
+}
+
+// Classic mode: one request, fprocess run for it.
+void Serve(int fd) {
+  Request r;
+  if (!ReadRequest(fd, &r)) {
+    close(fd);
+    return;
+  }
+  std::string path = r.target, query;
+  if (size_t q = r.target.find('?'); q != std::string::npos) {
+    path = r.target.substr(0, q);
+    query = r.target.substr(q + 1);
+  }
+  if (path == "/_/health") {
+    Respond(fd, 200, "OK");
+    close(fd);
+    return;
+  }
+  std::vector<std::string> env;
+  for (auto [name, value] : r.headers) {
+    for (char& c : name)
+      if (c == '-') c = '_';
+    env.push_back("Http_" + name + "=" + value);
+  }
+  env.push_back("Http_Method=" + r.method);
+  env.push_back("Http_Path=" + path);
+  env.push_back("Http_ContentLength=" + std::to_string(r.body.size()));
+  if (!query.empty()) env.push_back("Http_Query=" + query);
+  std::string out, err;
+  int code = Run(env, r.body, &out, &err);
+  if (!err.empty()) fprintf(stderr, "%s", err.c_str());
+  if (code != 0)
+    Respond(fd, 500, err.empty() ? "exit status " + std::to_string(code) : err);
+  else
+    Respond(fd, 200, out);
+  close(fd);
 }
 
 int Listen(int port) {
@@ -437,18 +412,7 @@ int main(int argc, char** argv) {
   }
   if (getenv("mode") != nullptr && std::string(getenv("mode")) == "http")
     return HttpMode(port);
-  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  if (bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      listen(s, 128) != 0) {
-    perror("watchdog: listen");
-    return 1;
-  }
+  int s = Listen(port);
   fprintf(stderr, "watchdog: listening on :%d, fprocess=%s\n", port,
           getenv("fprocess") ? getenv("fprocess") : "");
   for (;;) {
