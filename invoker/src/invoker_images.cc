@@ -409,8 +409,6 @@ void Invoker::Impl::CollectImages(const std::set<std::string>& wanted_ids) {
     absl::MutexLock l(&container_times_mu);
     std::erase_if(container_times,
                   [&](const auto& e) { return !wanted_ids.contains(e.first); });
-    std::erase_if(container_told,
-                  [&](const auto& e) { return !wanted_ids.contains(e.first); });
   }
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(

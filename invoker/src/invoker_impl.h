@@ -349,21 +349,19 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // kRestore restores or fails.
   absl::Status StartContainer(const FunctionSpec& spec, Instance& inst,
                               SandboxSpec* sb, ColdStart tier);
-  // Where a container function version's checkpoint is kept on this node
-  // (DATA_DIR/container-checkpoints/<snapshot id>).
-  std::string ContainerCheckpointDir(const FunctionSpec& spec) const;
+  // Where a container function version's checkpoint (`version`: its
+  // SnapshotIdOf) is kept on this node.
+  std::string ContainerCheckpointDir(const std::string& version) const;
   // How long a container function version's instances took to boot and to
   // restore on this node (the last of each, ms; 0: not yet): restore is the
   // default only where it is the faster (runc restoring a small image takes
   // longer than booting it).
   struct ContainerStartTimes {
     double boot_ms = 0, restore_ms = 0;
+    bool told = false;  // the log says already that its instances boot
   };
   absl::Mutex container_times_mu;
   std::map<std::string, ContainerStartTimes> container_times
-      ABSL_GUARDED_BY(container_times_mu);
-  // Versions whose log says already that they boot rather than restore.
-  std::map<std::string, bool> container_told
       ABSL_GUARDED_BY(container_times_mu);
   // Snapshot images complete on this node, their plans and working sets
   // (DATA_DIR/snapshots, DATA_DIR/working-sets).

@@ -53,13 +53,26 @@ absl::StatusOr<std::shared_ptr<const Bundle>> Invoker::Impl::BundleFor(
 }
 
 std::string Invoker::Impl::ContainerCheckpointDir(
-    const FunctionSpec& spec) const {
-  return options.data_dir + "/container-checkpoints/" + SnapshotIdOf(spec);
+    const std::string& version) const {
+  return options.data_dir + "/container-checkpoints/" + version;
 }
 
 absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
                                            Instance& inst, SandboxSpec* sb,
                                            ColdStart tier) {
+  // Restored from the function's checkpoint on this node when there is one
+  // (a failed restore drops it and boots), else booted, and the first boot
+  // checkpointed for the next (snapshots wanted: com.silt.snapshot).
+  const bool snapshots = snapshots_on && SnapshotsWanted(spec);
+  const std::string version = SnapshotIdOf(spec);
+  const std::string checkpoint = ContainerCheckpointDir(version);
+  std::error_code ec;
+  const bool have = snapshots && std::filesystem::exists(checkpoint, ec);
+  if (tier == ColdStart::kRestore && !have)
+    return absl::FailedPreconditionError(
+        absl::StrCat("function ", spec.name(),
+                     snapshots ? " has no checkpoint on this node yet"
+                               : " does not use snapshots"));
   auto runtime = container_images->Runtime();
   if (!runtime.ok()) return runtime.status();
   ContainerLaunch l;
@@ -89,19 +102,6 @@ absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
   }
   const std::string fn = Key(spec.namespace_(), spec.name());
   collector->Add(r, fn, inst.id);
-  // Restored from the function's checkpoint on this node when there is one
-  // (a failed restore drops it and boots), else booted, and the first boot
-  // checkpointed for the next (snapshots wanted: com.silt.snapshot).
-  const bool snapshots = snapshots_on && SnapshotsWanted(spec);
-  const std::string checkpoint = ContainerCheckpointDir(spec);
-  std::error_code ec;
-  const bool have = snapshots && std::filesystem::exists(checkpoint, ec);
-  if (tier == ColdStart::kRestore && !have)
-    return absl::FailedPreconditionError(
-        absl::StrCat("function ", spec.name(),
-                     snapshots ? " has no checkpoint on this node yet"
-                               : " does not use snapshots"));
-  const std::string version = SnapshotIdOf(spec);
   bool restore_faster = true;  // until measured
   {
     absl::MutexLock t(&container_times_mu);
@@ -145,8 +145,8 @@ absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
   if (have && tier == ColdStart::kAny && !restore_faster &&
       l.restore_from.empty()) {
     absl::MutexLock t(&container_times_mu);
-    const ContainerStartTimes& times = container_times[version];
-    if (times.restore_ms > 0 && !std::exchange(container_told[version], true))
+    ContainerStartTimes& times = container_times[version];
+    if (times.restore_ms > 0 && !std::exchange(times.told, true))
       logs.Append(fn, "invoker",
                   absl::StrFormat("silt: this container boots in %.0f ms and "
                                   "restores in %.0f ms here: its instances "

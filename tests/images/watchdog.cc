@@ -126,6 +126,7 @@ int Run(const std::vector<std::string>& env, const std::string& input,
 // peer went away first.
 struct Request {
   std::string head, body, method, target;
+  std::string path, query;  // the target's, split at '?'
   std::vector<std::pair<std::string, std::string>> headers;
 };
 bool ReadRequest(int fd, Request* r) {
@@ -142,6 +143,9 @@ bool ReadRequest(int fd, Request* r) {
   std::istringstream head(data.substr(0, end));
   std::string version, line;
   head >> r->method >> r->target >> version;
+  size_t q = r->target.find('?');
+  r->path = r->target.substr(0, q);
+  if (q != std::string::npos) r->query = r->target.substr(q + 1);
   std::getline(head, line);
   size_t length = 0;
   while (std::getline(head, line)) {
@@ -171,11 +175,7 @@ void Serve(int fd) {
     close(fd);
     return;
   }
-  std::string path = r.target, query;
-  if (size_t q = r.target.find('?'); q != std::string::npos) {
-    path = r.target.substr(0, q);
-    query = r.target.substr(q + 1);
-  }
+  const std::string &path = r.path, &query = r.query;
   if (path == "/_/health") {
     Respond(fd, 200, "OK");
     close(fd);
@@ -223,11 +223,7 @@ void EchoOne(int fd) {
     close(fd);
     return;
   }
-  std::string path = r.target, query;
-  if (size_t q = r.target.find('?'); q != std::string::npos) {
-    path = r.target.substr(0, q);
-    query = r.target.substr(q + 1);
-  }
+  const std::string &path = r.path, &query = r.query;
   if (path == "/alloc") {
     size_t mib =
         strtoull(query.substr(query.find('=') + 1).c_str(), nullptr, 10);
