@@ -1,6 +1,7 @@
 #include "container_runtime.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -190,6 +191,47 @@ absl::StatusOr<RunningContainer> ContainerRuntime::Start(
   }
 }
 
+absl::Status ContainerRuntime::Freeze(const std::string& id, bool frozen) {
+  // cgroup v1 (a hybrid host: runc puts the container in each controller's
+  // hierarchy) or v2.
+  const std::string cgroup = client_->CgroupPath(id);
+  const std::string v1 =
+      absl::StrCat("/sys/fs/cgroup/freezer", cgroup, "/freezer.state");
+  const std::string v2 =
+      absl::StrCat("/sys/fs/cgroup", cgroup, "/cgroup.freeze");
+  const bool is_v1 = access(v1.c_str(), W_OK) == 0;
+  const std::string& path = is_v1 ? v1 : v2;
+  const char* value =
+      is_v1 ? (frozen ? "FROZEN" : "THAWED") : (frozen ? "1" : "0");
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT
+               ? absl::NotFoundError(absl::StrCat("container ", id, " is gone"))
+               : absl::InternalError(
+                     absl::StrCat("open ", path, ": ", strerror(errno)));
+  bool ok =
+      write(fd, value, strlen(value)) == static_cast<ssize_t>(strlen(value));
+  int err = errno;
+  close(fd);
+  if (!ok)
+    return absl::InternalError(
+        absl::StrCat("freezing container ", id, ": ", strerror(err)));
+  return absl::OkStatus();
+}
+
+std::vector<pid_t> ContainerRuntime::Pids(const std::string& id) {
+  const std::string cgroup = client_->CgroupPath(id);
+  std::vector<pid_t> out;
+  for (const std::string& path :
+       {absl::StrCat("/sys/fs/cgroup/memory", cgroup, "/cgroup.procs"),
+        absl::StrCat("/sys/fs/cgroup", cgroup, "/cgroup.procs")}) {
+    std::ifstream in(path);
+    for (pid_t pid; in >> pid;) out.push_back(pid);
+    if (!out.empty()) break;
+  }
+  return out;
+}
+
 void ContainerLease::Release() {
   if (runtime_ == nullptr) return;
   if (auto s = runtime_->Stop(id_); !s.ok())
@@ -207,6 +249,8 @@ absl::Status ContainerRuntime::Stop(const std::string& id) {
       netns_.erase(it);
     }
   }
+  // A frozen task would not die of the kill that deletes it.
+  Freeze(id, false).IgnoreError();
   absl::Status deleted = client_->Delete(id);
   if (absl::IsNotFound(deleted)) deleted = absl::OkStatus();
   // After the container, through the namespace still held: the plugins
@@ -273,7 +317,9 @@ std::vector<std::string> ContainerRuntime::RemoveOthers() {
       if (netns_.contains(id)) continue;
     }
     // Its network through its namespace while its task still runs (the
-    // interface and rules go too), then the container.
+    // interface and rules go too), then the container (thawed: an instance
+    // staged frozen would not die of the kill).
+    Freeze(id, false).IgnoreError();
     auto pid = client_->Pid(id);
     std::string netns = pid.ok() ? absl::StrCat("/proc/", *pid, "/ns/net") : "";
     if (!cni_->Del(id, netns).ok() && !netns.empty())

@@ -11,6 +11,8 @@
 #ifndef SILT_INVOKER_CONTAINER_RUNTIME_H_
 #define SILT_INVOKER_CONTAINER_RUNTIME_H_
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -67,8 +69,15 @@ class ContainerRuntime {
   // leaving it running: FailedPrecondition when CRIU cannot (e.g. a
   // connection open in it), AlreadyExists when `dir` is there.
   absl::Status Checkpoint(const std::string& id, const std::string& dir);
-  // Stops the instance: its container, snapshot and network. OK when
-  // there is nothing left of it.
+  // Freezes the instance's processes (its cgroup's freezer: they take no
+  // CPU and answer nothing until thawed), or thaws them. NotFound when its
+  // cgroup is gone (the container with it).
+  absl::Status Freeze(const std::string& id, bool frozen);
+  // The processes of the instance's container (its cgroup's), none when
+  // it is gone.
+  std::vector<pid_t> Pids(const std::string& id);
+  // Stops the instance (thawed first, if frozen): its container, snapshot
+  // and network. OK when there is nothing left of it.
   absl::Status Stop(const std::string& id);
   // Why container `id` no longer serves, for a call's answer and the log:
   // its exit status (waited for up to `wait`), and whether its memory
@@ -108,6 +117,14 @@ class ContainerLease {
   // ContainerRuntime::WhyLost of this instance's container.
   std::string WhyLost() const {
     return runtime_ ? runtime_->WhyLost(id_, std::chrono::seconds(1)) : "";
+  }
+  // ContainerRuntime::Freeze and Pids of this instance's container.
+  absl::Status Freeze(bool frozen) const {
+    return runtime_ ? runtime_->Freeze(id_, frozen)
+                    : absl::FailedPreconditionError("no container");
+  }
+  std::vector<pid_t> Pids() const {
+    return runtime_ ? runtime_->Pids(id_) : std::vector<pid_t>{};
   }
 
  private:

@@ -22,6 +22,7 @@ auto Invoker::Impl::PoolFor(const FunctionSpec& spec,
         !container;
     fresh->bundle = std::move(bundle);
     if (p) fresh->min_instances = p->min_instances;
+    if (p && p->staged) graveyard.push_back(std::move(p->staged));
     p = fresh;  // the old pool's instances stop as their calls end
   }
   return p;

@@ -27,6 +27,10 @@ void Invoker::Impl::ApplyAssignment(const control::Assignment& a) {
     // instances.
     for (auto it = pools.begin(); it != pools.end();) {
       if (!keys.contains(it->first)) {
+        // (torn down by the reaper, off this lock: a container's stop is a
+        // round trip to containerd)
+        if (it->second->staged)
+          graveyard.push_back(std::move(it->second->staged));
         it = pools.erase(it);
       } else {
         ++it;

@@ -332,6 +332,14 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     // The last cold start that found no restorer staged soon after another
     // (a burst: the fork tier serves those; kBurstGap).
     Clock::time_point last_burst;
+    // A container function's next instance, restored from its checkpoint
+    // ahead of need with its container frozen (no CPU): a cold start thaws
+    // it (TakeStaged). Held under the resident budget like a restorer; what
+    // it held when last measured (0: not yet), and its checkpoint's size.
+    std::unique_ptr<Instance> staged;
+    bool staging = false;
+    Clock::time_point staging_retry_after;
+    uint64_t staged_bytes = 0, staged_estimate = 0;
   };
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Pool>> pools;  // key ns/name
@@ -347,8 +355,16 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // `tier`: kAny restores from the function's checkpoint on this node when
   // there is one (and checkpoints the first instance it boots), kBoot boots,
   // kRestore restores or fails.
+  // kCriu (or kRestore) restores by runc or fails.
   absl::Status StartContainer(const FunctionSpec& spec, Instance& inst,
                               SandboxSpec* sb, ColdStart tier);
+  // Stages the next instance of one container function that has a
+  // checkpoint here and none staged (the most recently started first),
+  // when the resident budget has room: restored by runc, then frozen.
+  void TendStagedContainers();
+  // `pool`'s staged instance, thawed, as a cold start's (tier restore); null
+  // when there is none (or it was found gone).
+  std::unique_ptr<Instance> TakeStaged(Pool& pool);
   // Where a container function version's checkpoint (`version`: its
   // SnapshotIdOf) is kept on this node.
   std::string ContainerCheckpointDir(const std::string& version) const;
@@ -547,8 +563,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 
   // ---- what is held resident ahead of cold starts (resident_budget.h) ----
 
-  // What a pool's restorer or template holds (or would): as last measured,
-  // else its image's size (a restorer maps all of it).
+  // What a pool's restorer, template or staged instance holds (or would):
+  // as last measured, else its image's (or checkpoint's) size.
   uint64_t HeldBytesLocked(const Pool& pool, ResidentKind kind);
 
   uint64_t ImageBytesLocked(const Pool& pool);
@@ -558,8 +574,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   static constexpr uint64_t kMappedRestorerBytes = 2 << 20;
   uint64_t RestorerBytesLocked(const Pool& pool, bool populated);
 
-  // Measures what the restorers and templates hold (PSS: they share their
-  // image's pages), off the lock; the tender does it once a second.
+  // Measures what the restorers, templates and staged instances hold (PSS:
+  // they share their image's pages), off the lock; the tender does it once a
+  // second.
   void MeasureResident();
 
   struct Resident {
@@ -570,7 +587,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
 
   // Makes room for `need` more bytes for `pool` (null: brings the node back
   // under its budget) by letting go of the holders of functions started less
-  // recently. Restorers go to the reaper; templates end in `dropped`, outside
+  // recently. Restorers and staged instances go to the reaper; templates end
+  // in `dropped`, outside
   // the lock (clones keep theirs alive until they end). False: no room.
   bool MakeRoomLocked(const Pool* pool, uint64_t need,
                       std::vector<std::shared_ptr<Template>>* dropped);

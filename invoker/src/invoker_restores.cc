@@ -93,6 +93,7 @@ void Invoker::Impl::TendLoop() {
       // (the lock goes before `dropped`, declared first, ends templates)
     }
     TendRestorers();
+    TendStagedContainers();
   }
 }
 

@@ -7,6 +7,8 @@ namespace silt::invoker {
 uint64_t Invoker::Impl::HeldBytesLocked(const Pool& pool, ResidentKind kind) {
   if (kind == ResidentKind::kRestorer)
     return RestorerBytesLocked(pool, pool.restorer_populated);
+  if (kind == ResidentKind::kStaged)
+    return pool.staged_bytes > 0 ? pool.staged_bytes : pool.staged_estimate;
   return pool.template_bytes > 0 ? pool.template_bytes : ImageBytesLocked(pool);
 }
 
@@ -27,6 +29,9 @@ void Invoker::Impl::MeasureResident() {
     ResidentKind kind;
     pid_t pid;
     bool populated = false;  // a restorer: as it was when probed
+    // A staged instance: its container's processes, as well as its worker.
+    const Instance* staged = nullptr;
+    std::vector<pid_t> container;
     uint64_t bytes = 0;
   };
   std::vector<Probe> probes;
@@ -40,14 +45,27 @@ void Invoker::Impl::MeasureResident() {
       if (pool->tmpl)
         probes.push_back(
             {pool, ResidentKind::kTemplate, pool->tmpl->inst->proc->pid()});
+      if (pool->staged)
+        probes.push_back({.pool = pool,
+                          .kind = ResidentKind::kStaged,
+                          .pid = pool->staged->proc->pid(),
+                          .staged = pool->staged.get(),
+                          .container = pool->staged->container.Pids()});
     }
   }
-  for (auto& p : probes) p.bytes = ProportionalSetBytes(p.pid);
+  for (auto& p : probes) {
+    p.bytes = ProportionalSetBytes(p.pid);
+    for (pid_t pid : p.container) p.bytes += ProportionalSetBytes(pid);
+  }
   std::lock_guard<std::mutex> l(mu);
   for (const auto& p : probes) {
     if (p.bytes == 0) continue;  // gone meanwhile
     if (p.kind == ResidentKind::kTemplate) {
       p.pool->template_bytes = p.bytes;
+      continue;
+    }
+    if (p.kind == ResidentKind::kStaged) {
+      if (p.pool->staged.get() == p.staged) p.pool->staged_bytes = p.bytes;
       continue;
     }
     // Replaced, used or demoted meanwhile: not what is there now.
@@ -73,6 +91,11 @@ auto Invoker::Impl::ResidentLocked() -> std::vector<Resident> {
                      {ResidentKind::kTemplate,
                       HeldBytesLocked(*pool, ResidentKind::kTemplate),
                       std::max(pool->last_start, pool->tmpl->last_used)}});
+    if (pool->staged)
+      out.push_back(
+          {pool,
+           {ResidentKind::kStaged,
+            HeldBytesLocked(*pool, ResidentKind::kStaged), pool->last_start}});
   }
   return out;
 }
@@ -99,6 +122,8 @@ bool Invoker::Impl::MakeRoomLocked(
                      "recently"));
     if (h.kind == ResidentKind::kRestorer) {
       if (p.restorer) graveyard.push_back(std::move(p.restorer));
+    } else if (h.kind == ResidentKind::kStaged) {
+      if (p.staged) graveyard.push_back(std::move(p.staged));
     } else if (p.tmpl) {
       dropped->push_back(std::move(p.tmpl));
       p.template_retry_after = Clock::now() + std::chrono::minutes(1);
@@ -129,11 +154,14 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::StartFresh(
     pool->last_start = now;
   }
   if (pool->bundle->manifest.kind == "container") {
-    // Its own tiers: boot, or restore from its checkpoint (StartContainer).
-    if (force == ColdStart::kFork || force == ColdStart::kCriu)
+    // Its own tiers: its staged instance thawed (restore), a restore from
+    // its checkpoint by runc and CRIU (criu), or a boot (StartContainer).
+    if (force == ColdStart::kFork)
       return absl::FailedPreconditionError(
           absl::StrCat("function ", pool->spec.name(),
                        " is a container: it boots or restores"));
+    if (force == ColdStart::kAny || force == ColdStart::kRestore)
+      if (auto staged = TakeStaged(*pool)) return staged;
     return StartInstance(pool->spec, *pool->bundle, false, force);
   }
   if (force == ColdStart::kBoot || !pool->snapshot_wanted) {

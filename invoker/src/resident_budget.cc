@@ -9,7 +9,15 @@
 namespace silt::invoker {
 
 const char* ResidentKindName(ResidentKind k) {
-  return k == ResidentKind::kTemplate ? "template" : "restorer";
+  switch (k) {
+    case ResidentKind::kRestorer:
+      return "restorer";
+    case ResidentKind::kTemplate:
+      return "template";
+    case ResidentKind::kStaged:
+      return "staged instance";
+  }
+  return "?";
 }
 
 std::optional<std::vector<size_t>> PlanEviction(

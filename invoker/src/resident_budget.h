@@ -1,10 +1,12 @@
 // The node's budget for what it keeps resident ahead of cold starts: staged
 // restorers (a sandbox with a function's image mapped, waiting for the next
-// restore) and fork templates (a restored instance that clones fork from).
-// Both hold memory that serves no call until a cold start comes, so they
-// share one budget (`--resident-memory-mib`); when something new must fit,
-// the holders of the functions that started least recently go first, and
-// never one used more recently than the function that wants the room.
+// restore), fork templates (a restored instance that clones fork from) and
+// staged container instances (restored and frozen, for the next cold start
+// of a container function). All hold memory that serves no call until a cold
+// start comes, so they share one budget (`--resident-memory-mib`); when
+// something new must fit, the holders of the functions that started least
+// recently go first, and never one used more recently than the function that
+// wants the room.
 //
 // Pure policy: the invoker lists what is resident and carries out the plan.
 #ifndef SILT_INVOKER_RESIDENT_BUDGET_H_
@@ -20,8 +22,9 @@
 
 namespace silt::invoker {
 
-enum class ResidentKind { kRestorer, kTemplate };
-const char* ResidentKindName(ResidentKind k);  // "restorer", "template"
+enum class ResidentKind { kRestorer, kTemplate, kStaged };
+// "restorer", "template", "staged instance"
+const char* ResidentKindName(ResidentKind k);
 
 struct ResidentHolder {
   ResidentKind kind = ResidentKind::kRestorer;

@@ -10,11 +10,15 @@
 // the invoker reports, X-Silt-Start-Ms):
 //   container_boot     containerd container + task create, CNI, start, the
 //                      watchdog's /_/health, the worker joining its netns
-//   container_restore  restored from the checkpoint of the function's first
-//                      instance (containerd's Tasks API: runc restore, CRIU)
-//   slow_init_boot, slow_init_restore  the same for an image whose server
-//                      builds --init-mib MiB of state and spends --init-ms
-//                      before it listens (an app's imports)
+//   container_criu     restored from the checkpoint of the function's first
+//                      instance by containerd's Tasks API (runc restore,
+//                      CRIU: the baseline, as podman or ctr restore it)
+//   container_restore  Silt's restore: the instance the invoker restored
+//                      from that checkpoint ahead of need and froze, thawed
+//                      (each start waits until the next one is staged)
+//   slow_init_boot, slow_init_criu, slow_init_restore  the same for an image
+//                      whose server builds --init-mib MiB of state and
+//                      spends --init-ms before it listens (an app's imports)
 //   bundle_boot        the bundle's server exec'd in a sandbox
 //   bundle_restore     the bundle restored from its snapshot, where CRIU can
 //                      checkpoint its listening socket (else it boots: the
@@ -26,7 +30,8 @@
 //                                          [--gap-ms 50]
 //
 // Ends with name=value lines, among them container_restore_vs_boot (boot
-// p50 / restore p50), container_restore_vs_boot_slow_init,
+// p50 / restore p50), container_restore_vs_criu (runc restore p50 / Silt's
+// restore p50), container_restore_vs_boot_slow_init,
 // container_boot_p50_ms,
 // container_warm_vs_bundle (container warm throughput / bundle warm
 // throughput at 1 connection) and container_warm_vs_bundle_c8.
@@ -42,9 +47,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/cluster.h"
 #include "common/http_load.h"
 #include "nlohmann/json.hpp"
@@ -62,6 +69,7 @@ struct Starts {
   std::vector<double> e2e_ms, start_ms;
   std::map<std::string, int> tiers;  // the tier the invoker served
   std::string refused;               // why a start was refused, if one was
+  int unstaged = 0;  // starts that found no instance staged within 10 s
 };
 
 double Pct(std::vector<double> v, double p) {
@@ -70,10 +78,38 @@ double Pct(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
 
+// How many instances of `fn` the invoker staged so far (its log says so
+// for each; a frozen cgroup alone is no sign: CRIU restores a container's
+// freezer state, frozen as it was dumped, and thaws it at the end).
+int StagedSoFar(Cluster& c, const std::string& fn) {
+  auto r = c.gateway().Call("GET", "/system/logs?name=" + fn);
+  int n = 0;
+  for (size_t at = 0;
+       (at = r.body.find("next instance staged", at)) != std::string::npos;
+       ++at)
+    ++n;
+  return n;
+}
+
+// Whether `fn` has more instances staged than `taken` within `timeout`.
+bool WaitStaged(Cluster& c, const std::string& fn, int taken,
+                std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (StagedSoFar(c, fn) <= taken) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 Starts ColdStarts(Cluster& c, const std::string& fn, const std::string& tier,
-                  int runs, int gap_ms) {
+                  int runs, int gap_ms, bool staged) {
   Starts s;
+  // Staged before this tier (and not taken since: nothing else starts it).
+  int taken = staged ? std::max(StagedSoFar(c, fn) - 1, 0) : 0;
   for (int i = 0; i < runs; ++i) {
+    if (staged && !WaitStaged(c, fn, taken, std::chrono::seconds(10)))
+      ++s.unstaged;
     auto t0 = Clock::now();
     auto r = c.gateway().Call("POST", "/function/" + fn, "x", false,
                               {{"X-Silt-Cold-Start", tier}});
@@ -91,6 +127,7 @@ Starts ColdStarts(Cluster& c, const std::string& fn, const std::string& tier,
     s.e2e_ms.push_back(ms);
     s.start_ms.push_back(start);
     ++s.tiers[std::string(r.Header("X-Silt-Start"))];
+    taken += r.Header("X-Silt-Start") == "restore";
     std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
   }
   return s;
@@ -102,6 +139,29 @@ std::string Served(const Starts& s) {
   for (const auto& [tier, n] : s.tiers)
     absl::StrAppend(&out, out.empty() ? "" : ",", tier, ":", n);
   return out;
+}
+
+// What the staged (frozen) instance of `fn` holds: its container's
+// processes' PSS, MiB (its worker, a few hundred KiB more, not counted).
+double StagedPssMib(const std::string& fn) {
+  double kib = 0;
+  for (const std::string& id : silt::testing::FrozenContainers(fn + "-")) {
+    std::ifstream procs("/sys/fs/cgroup/memory/silt-silt/" + id +
+                        "/cgroup.procs");
+    for (int pid; procs >> pid;) {
+      std::ifstream rollup(absl::StrCat("/proc/", pid, "/smaps_rollup"));
+      for (std::string line; std::getline(rollup, line);) {
+        double v = 0;
+        if (line.rfind("Pss:", 0) == 0 &&
+            absl::SimpleAtod(
+                absl::StripSuffix(absl::StripAsciiWhitespace(line.substr(4)),
+                                  " kB"),
+                &v))
+          kib += v;
+      }
+    }
+  }
+  return kib / 1024;
 }
 
 }  // namespace
@@ -205,15 +265,21 @@ int main(int argc, char** argv) {
   for (const auto& [label, fn, tier] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {"container_boot", "ctr", "boot"},
+           {"container_criu", "ctr", "criu"},
            {"container_restore", "ctr", "restore"},
            {"slow_init_boot", "slow", "boot"},
+           {"slow_init_criu", "slow", "criu"},
            {"slow_init_restore", "slow", "restore"},
            {"bundle_boot", "bun", "boot"},
            {"bundle_restore", "bun", "restore"}}) {
-    Starts s = ColdStarts(c, fn, tier, runs, gap_ms);
-    printf("%-18s %10.2f %10.2f %12.2f  %s\n", label.c_str(),
+    Starts s = ColdStarts(c, fn, tier, runs, gap_ms,
+                          /*staged=*/fn != "bun" && tier == "restore");
+    printf("%-18s %10.2f %10.2f %12.2f  %s%s\n", label.c_str(),
            Pct(s.e2e_ms, 0.5), Pct(s.e2e_ms, 0.99), Pct(s.start_ms, 0.5),
-           Served(s).c_str());
+           Served(s).c_str(),
+           s.unstaged
+               ? absl::StrCat(" (", s.unstaged, " found none staged)").c_str()
+               : "");
     starts[label] = std::move(s);
   }
 
@@ -249,12 +315,27 @@ int main(int argc, char** argv) {
   printf("container_restore_vs_boot=%.2f\n",
          ratio(Pct(starts["container_boot"].e2e_ms, 0.5),
                Pct(starts["container_restore"].e2e_ms, 0.5)));
+  printf("container_staged_pss_mib=%.1f\n", StagedPssMib("ctr"));
+  printf("slow_init_staged_pss_mib=%.1f\n", StagedPssMib("slow"));
+  printf("container_criu_p50_ms=%.2f\n",
+         Pct(starts["container_criu"].e2e_ms, 0.5));
+  printf("container_restore_vs_criu=%.2f\n",
+         ratio(Pct(starts["container_criu"].e2e_ms, 0.5),
+               Pct(starts["container_restore"].e2e_ms, 0.5)));
+  printf("container_criu_vs_boot=%.2f\n",
+         ratio(Pct(starts["container_boot"].e2e_ms, 0.5),
+               Pct(starts["container_criu"].e2e_ms, 0.5)));
   printf("slow_init_boot_p50_ms=%.2f\n",
          Pct(starts["slow_init_boot"].e2e_ms, 0.5));
   printf("slow_init_restore_p50_ms=%.2f\n",
          Pct(starts["slow_init_restore"].e2e_ms, 0.5));
   printf("container_restore_vs_boot_slow_init=%.2f\n",
          ratio(Pct(starts["slow_init_boot"].e2e_ms, 0.5),
+               Pct(starts["slow_init_restore"].e2e_ms, 0.5)));
+  printf("slow_init_criu_p50_ms=%.2f\n",
+         Pct(starts["slow_init_criu"].e2e_ms, 0.5));
+  printf("container_restore_vs_criu_slow_init=%.2f\n",
+         ratio(Pct(starts["slow_init_criu"].e2e_ms, 0.5),
                Pct(starts["slow_init_restore"].e2e_ms, 0.5)));
   printf("bundle_boot_p50_ms=%.2f\n", Pct(starts["bundle_boot"].e2e_ms, 0.5));
   printf("bundle_restore_p50_ms=%.2f\n",

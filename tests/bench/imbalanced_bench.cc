@@ -197,7 +197,8 @@ bool Run(Cluster& c, const Config& cfg, const std::string& tag, Sample* s) {
   }
   fprintf(stderr,
           "bench_imbalanced: %s %.0f ms (produce %.0f, transform %.0f, reduce "
-          "%.0f), map on node-a %.2f, records %llu/%llu shards on node-b\n",
+          "%.0f), map on node-a %.2f, records %llu/%llu shards on node-b, "
+          "entry on %s\n",
           tag.c_str(), s->wall_ms, s->produce_ms, s->transform_ms, s->reduce_ms,
           s->transform_on_a, static_cast<unsigned long long>(s->shards_on_b),
           static_cast<unsigned long long>(s->shards), s->entry.c_str());

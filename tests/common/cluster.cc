@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -17,6 +18,25 @@
 #include "nlohmann/json.hpp"
 
 namespace silt::testing {
+
+std::vector<std::string> FrozenContainers(const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& [dir, file, frozen] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"/sys/fs/cgroup/freezer/silt-silt", "freezer.state", "FROZEN"},
+           {"/sys/fs/cgroup/silt-silt", "cgroup.freeze", "1"}}) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      std::string id = e.path().filename().string();
+      if (!e.is_directory() || id.rfind(prefix, 0) != 0) continue;
+      std::ifstream in(e.path() / file);
+      std::string state;
+      if (in >> state && state == frozen) out.push_back(id);
+    }
+    if (!out.empty()) break;
+  }
+  return out;
+}
 namespace {
 
 constexpr char kIp[] = "/usr/sbin/ip";

@@ -56,6 +56,14 @@ class CpuHog {
   std::vector<pid_t> pids_;
 };
 
+// The containers, on any node, whose id starts with `prefix` (a function's
+// instances: "NAME-") and whose processes are frozen: staged instances (the
+// nodes' containerd namespace is "silt"; cgroup v1's freezer or v2). A
+// container being restored reads frozen too for a while (CRIU restores the
+// freezer state it was dumped in, then thaws it): a function's log says
+// when it has an instance staged.
+std::vector<std::string> FrozenContainers(const std::string& prefix);
+
 class Cluster {
  public:
   // Starts the gateway (data in `dir`/gateway) and logs the CLI in (config in

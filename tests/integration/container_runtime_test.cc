@@ -97,7 +97,9 @@ class ContainerRuntimeTest : public ::testing::Test {
 
   void TearDown() override {
     runtime_.reset();
-    if (cni_) EXPECT_TRUE(cni_->Unmasquerade().ok());
+    if (cni_) {
+      EXPECT_TRUE(cni_->Unmasquerade().ok());
+    }
     cni_.reset();
     client_.reset();
     daemon_.reset();

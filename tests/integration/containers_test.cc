@@ -132,6 +132,22 @@ class ContainersTest : public ::testing::Test {
     return c.ok() ? *std::move(c) : nullptr;
   }
 
+  // The node's containers that serve (or start to): all but the staged
+  // ones, restored ahead and frozen.
+  std::vector<std::string> Serving(const std::string& node = "node-a") {
+    auto c = containerd::Client::Connect(
+        dir_ + "/" + node + "/containerd/containerd.sock", "silt");
+    if (!c.ok()) return {};
+    auto ids = (*c)->List();
+    if (!ids.ok()) return {};
+    std::vector<std::string> frozen = FrozenContainers("");
+    std::vector<std::string> out;
+    for (const std::string& id : *ids)
+      if (std::find(frozen.begin(), frozen.end(), id) == frozen.end())
+        out.push_back(id);
+    return out;
+  }
+
   pid_t ContainerdPid() {
     std::ifstream in(dir_ + "/node-a/containerd/containerd.pid");
     pid_t pid = 0;
@@ -238,14 +254,14 @@ TEST_F(ContainersTest, LaterInstancesAreRestoredFromTheFirstOnesCheckpoint) {
   auto call = cluster_->gateway().Call("POST", "/function/echo", "first");
   ASSERT_EQ(call.status, 200) << call.body;
   EXPECT_EQ(call.Header("X-Silt-Start"), "boot");
-  // Checkpointed after its first boot: new instances are restored from it,
-  // each in a network of its own, and serve.
+  // Checkpointed after its first boot: new instances are restored from it
+  // by runc and CRIU, each in a network of its own, and serve.
   for (int i = 0; i < 3; ++i) {
     call = cluster_->gateway().Call("POST", "/function/echo", "again", true,
-                                    {{"X-Silt-Cold-Start", "restore"}});
+                                    {{"X-Silt-Cold-Start", "criu"}});
     EXPECT_EQ(call.status, 200) << call.body;
     EXPECT_EQ(call.body, "again");
-    EXPECT_EQ(call.Header("X-Silt-Start"), "restore");
+    EXPECT_EQ(call.Header("X-Silt-Start"), "criu");
   }
   EXPECT_TRUE(Eventually([&] {
     std::string log = cluster_->Silt({"logs", "echo"}).out;
@@ -253,7 +269,7 @@ TEST_F(ContainersTest, LaterInstancesAreRestoredFromTheFirstOnesCheckpoint) {
            absl::StrContains(log, "container restored");
   }));
   // Forced boots still boot; a function that wants no snapshots is never
-  // checkpointed.
+  // checkpointed (nor staged).
   call = cluster_->gateway().Call("POST", "/function/echo", "b", true,
                                   {{"X-Silt-Cold-Start", "boot"}});
   EXPECT_EQ(call.Header("X-Silt-Start"), "boot");
@@ -262,11 +278,58 @@ TEST_F(ContainersTest, LaterInstancesAreRestoredFromTheFirstOnesCheckpoint) {
           {"labels", {{"com.silt.snapshot", "false"}}}});
   ASSERT_EQ(cluster_->gateway().Call("POST", "/function/plain", "x").status,
             200);
-  call = cluster_->gateway().Call("POST", "/function/plain", "x", true,
-                                  {{"X-Silt-Cold-Start", "restore"}});
-  EXPECT_NE(call.status, 200);
-  EXPECT_TRUE(absl::StrContains(call.body, "does not use snapshots"))
-      << call.body;
+  for (const char* tier : {"restore", "criu"}) {
+    call = cluster_->gateway().Call("POST", "/function/plain", "x", true,
+                                    {{"X-Silt-Cold-Start", tier}});
+    EXPECT_NE(call.status, 200);
+    EXPECT_TRUE(absl::StrContains(call.body, "does not use snapshots"))
+        << call.body;
+  }
+  EXPECT_TRUE(FrozenContainers("plain-").empty());
+}
+
+TEST_F(ContainersTest, AStagedInstanceServesTheNextColdStartAndIsReplaced) {
+  Deploy({{"service", "echo"}, {"image", "silt/http:1"}});
+  ASSERT_EQ(cluster_->gateway().Call("POST", "/function/echo", "x").status,
+            200);
+  // After the checkpoint, the next instance is restored ahead of need and
+  // frozen: a container of the function whose processes take no CPU. (Its
+  // log says when: a container being restored reads frozen for a while, as
+  // CRIU restores the freezer state it was dumped in.)
+  auto staged_so_far = [&] {
+    std::string log = cluster_->Silt({"logs", "echo"}).out;
+    int n = 0;
+    for (size_t at = 0;
+         (at = log.find("next instance staged", at)) != std::string::npos; ++at)
+      ++n;
+    return n;
+  };
+  ASSERT_TRUE(Eventually([&] { return staged_so_far() == 1; }))
+      << cluster_->Silt({"logs", "echo"}).out;
+  std::vector<std::string> staged = FrozenContainers("echo-");
+  ASSERT_EQ(staged.size(), 1u);
+  // A cold start thaws it (tier restore) and it serves; a new one is staged
+  // in its place, and the one that served (a forced start's instance) goes.
+  auto call = cluster_->gateway().Call("POST", "/function/echo", "thawed", true,
+                                       {{"X-Silt-Cold-Start", "restore"}});
+  ASSERT_EQ(call.status, 200) << call.body;
+  EXPECT_EQ(call.body, "thawed");
+  EXPECT_EQ(call.Header("X-Silt-Start"), "restore");
+  auto client = Containerd();
+  ASSERT_NE(client, nullptr);
+  EXPECT_TRUE(Eventually([&] {
+    auto ids = client->List();
+    return staged_so_far() == 2 && ids.ok() &&
+           std::find(ids->begin(), ids->end(), staged[0]) == ids->end();
+  }));
+  auto now = FrozenContainers("echo-");
+  EXPECT_TRUE(now.size() == 1 && now[0] != staged[0]);
+  // Removing the function removes its staged instance with the others.
+  ASSERT_EQ(cluster_->Silt({"remove", "echo"}).exit_code, 0);
+  EXPECT_TRUE(Eventually([&] {
+    auto ids = client->List();
+    return ids.ok() && ids->empty();
+  }));
 }
 
 TEST_F(ContainersTest, AContainerKilledAtItsMemoryLimitIs502AndReplaced) {
@@ -275,10 +338,11 @@ TEST_F(ContainersTest, AContainerKilledAtItsMemoryLimitIs502AndReplaced) {
           {"limits", {{"memory", "48Mi"}}}});
   auto call = cluster_->gateway().Call("GET", "/function/mem/alloc?mib=8");
   ASSERT_EQ(call.status, 200) << call.body;
-  auto c = Containerd();
-  ASSERT_NE(c, nullptr);
-  auto first = c->List();
-  ASSERT_TRUE(first.ok() && first->size() == 1);
+  std::vector<std::string> first;
+  ASSERT_TRUE(Eventually([&] {
+    first = Serving();
+    return first.size() == 1;
+  }));
   // Over the limit: the server in it is killed, its watchdog ends, and the
   // call says so.
   call = cluster_->gateway().Call("GET", "/function/mem/alloc?mib=200");
@@ -289,8 +353,8 @@ TEST_F(ContainersTest, AContainerKilledAtItsMemoryLimitIs502AndReplaced) {
   EXPECT_EQ(call.status, 200) << call.body;
   // (started for the call, or already as the function's one replica)
   EXPECT_TRUE(Eventually([&] {
-    auto ids = c->List();
-    return ids.ok() && ids->size() == 1 && ids->front() != first->front();
+    auto ids = Serving();
+    return ids.size() == 1 && ids.front() != first.front();
   }));
 }
 
@@ -314,12 +378,7 @@ TEST_F(ContainersTest, AContainerThatCannotStartIsAClearErrorAndHarmsNothing) {
     return absl::StrContains(cluster_->Silt({"logs", "exits"}).out, "bye");
   }));
   EXPECT_EQ(cluster_->gateway().Call("POST", "/function/echo", "y").body, "y");
-  auto c = Containerd();
-  ASSERT_NE(c, nullptr);
-  EXPECT_TRUE(Eventually([&] {
-    auto ids = c->List();
-    return ids.ok() && ids->size() == 1;
-  }));
+  EXPECT_TRUE(Eventually([&] { return Serving().size() == 1; }));
 }
 
 TEST_F(ContainersTest, ReplicasScaleToZeroAndFailoverAsForBundles) {
@@ -341,13 +400,7 @@ TEST_F(ContainersTest, ReplicasScaleToZeroAndFailoverAsForBundles) {
   Deploy({{"service", "echo"},
           {"image", "silt/http:1"},
           {"constraints", {"node.name == node-b"}}});
-  auto containers = [&] {
-    auto c = containerd::Client::Connect(
-        dir_ + "/node-b/containerd/containerd.sock", "silt");
-    if (!c.ok()) return size_t{0};
-    auto ids = (*c)->List();
-    return ids.ok() ? ids->size() : size_t{0};
-  };
+  auto containers = [&] { return Serving("node-b").size(); };
   auto scale = [&](int n) {
     return cluster_->gateway()
         .Call("POST", "/system/scale-function/echo",
@@ -369,6 +422,21 @@ TEST_F(ContainersTest, ReplicasScaleToZeroAndFailoverAsForBundles) {
   call = cluster_->gateway().Call("POST", "/function/fo", "one");
   ASSERT_EQ(call.status, 200) << call.body;
   std::string first(call.Header("X-Silt-Node"));
+  auto list = [&] {
+    auto c = containerd::Client::Connect(
+        dir_ + "/" + first + "/containerd/containerd.sock", "silt");
+    auto ids = c.ok() ? (*c)->List() : c.status();
+    return ids.ok() ? *ids
+                    : std::vector<std::string>{
+                          "(none: " + ids.status().ToString() + ")"};
+  };
+  // (its next instance staged, frozen, by then)
+  ASSERT_TRUE(Eventually([&] {
+    return absl::StrContains(cluster_->Silt({"logs", "fo"}).out,
+                             "next instance staged");
+  }));
+  const std::vector<std::string> left = list();
+  ASSERT_FALSE(left.empty());
   cluster_->StopNode(first, SIGKILL);
   ASSERT_TRUE(cluster_->WaitNodes(1).ok());
   EXPECT_TRUE(Eventually([&] {
@@ -376,15 +444,15 @@ TEST_F(ContainersTest, ReplicasScaleToZeroAndFailoverAsForBundles) {
     return c.status == 200 && c.body == "two" &&
            c.Header("X-Silt-Node") != first;
   }));
-  // Back, it removes what its last run left (and stops it all at the end).
+  // Back, it removes what its last run left, staged (frozen) ones too (and
+  // stops it all at the end).
   ASSERT_TRUE(cluster_->AddNode({.name = first}).ok());
   ASSERT_TRUE(cluster_->WaitNodes(2).ok());
   EXPECT_TRUE(Eventually([&] {
-    auto c = containerd::Client::Connect(
-        dir_ + "/" + first + "/containerd/containerd.sock", "silt");
-    if (!c.ok()) return false;
-    auto ids = (*c)->List();
-    return ids.ok() && ids->empty();
+    auto ids = list();
+    for (const std::string& id : left)
+      if (std::find(ids.begin(), ids.end(), id) != ids.end()) return false;
+    return true;
   }));
 }
 

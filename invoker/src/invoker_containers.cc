@@ -1,0 +1,257 @@
+// Container functions' instances: starting one (booted, or restored from
+// its function's checkpoint by runc and CRIU, the first booted checkpointed
+// for the next), and staging the next one ahead of need: restored and
+// frozen, under the resident budget, so that a cold start only thaws it.
+#include "invoker_impl.h"
+
+namespace silt::invoker {
+namespace {
+
+// What the files under `dir` hold (a checkpoint's: its pages, mostly); 0
+// when there is no `dir`.
+uint64_t DirBytes(const std::string& dir) {
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file(ec)) bytes += it->file_size(ec);
+  return bytes;
+}
+
+}  // namespace
+
+std::string Invoker::Impl::ContainerCheckpointDir(
+    const std::string& version) const {
+  return options.data_dir + "/container-checkpoints/" + version;
+}
+
+absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
+                                           Instance& inst, SandboxSpec* sb,
+                                           ColdStart tier) {
+  // Restored from the function's checkpoint on this node by runc and CRIU
+  // when there is one and that is the faster (a failed restore drops it and
+  // boots), else booted, and the first boot checkpointed for the next
+  // (snapshots wanted: com.silt.snapshot).
+  const bool snapshots = snapshots_on && SnapshotsWanted(spec);
+  const std::string version = SnapshotIdOf(spec);
+  const std::string checkpoint = ContainerCheckpointDir(version);
+  std::error_code ec;
+  const bool have = snapshots && std::filesystem::exists(checkpoint, ec);
+  const bool must_restore =
+      tier == ColdStart::kRestore || tier == ColdStart::kCriu;
+  if (must_restore && !have)
+    return absl::FailedPreconditionError(
+        absl::StrCat("function ", spec.name(),
+                     snapshots ? " has no checkpoint on this node yet"
+                               : " does not use snapshots"));
+  auto runtime = container_images->Runtime();
+  if (!runtime.ok()) return runtime.status();
+  ContainerLaunch l;
+  l.id = inst.id;
+  l.image = spec.container_image();
+  for (const auto& [k, v] : spec.env())
+    l.env.push_back(absl::StrCat(k, "=", v));
+  if (!spec.env_process().empty() && !spec.env().contains("fprocess"))
+    l.env.push_back("fprocess=" + spec.env_process());
+  l.secrets_dir = inst.base_dir + "/secrets";
+  l.memory_limit_bytes = MemoryLimit(spec);
+  l.cpu_millis = CpuMillis(spec);
+  l.read_only_root = spec.read_only_root();
+  // Its stdout and stderr, through a FIFO, are the instance's log lines. A
+  // writer of ours keeps the FIFO from reading as ended until the
+  // container's shim has opened it.
+  l.log_path = inst.base_dir + "/container.log";
+  if (mkfifo(l.log_path.c_str(), 0600) != 0)
+    return absl::InternalError(
+        absl::StrCat("mkfifo ", l.log_path, ": ", strerror(errno)));
+  int r = open(l.log_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  int keep = r < 0 ? -1 : open(l.log_path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (r < 0 || keep < 0) {
+    if (r >= 0) close(r);
+    return absl::InternalError(
+        absl::StrCat("opening ", l.log_path, ": ", strerror(errno)));
+  }
+  const std::string fn = Key(spec.namespace_(), spec.name());
+  collector->Add(r, fn, inst.id);
+  bool restore_faster = true;  // until measured
+  {
+    absl::MutexLock t(&container_times_mu);
+    if (auto it = container_times.find(version); it != container_times.end())
+      restore_faster = it->second.restore_ms == 0 || it->second.boot_ms == 0 ||
+                       it->second.restore_ms < it->second.boot_ms;
+  }
+  auto timed_start = [&](double ContainerStartTimes::*field) {
+    auto t0 = Clock::now();
+    auto r = (*runtime)->Start(l, std::chrono::seconds(60));
+    if (r.ok()) {
+      absl::MutexLock t(&container_times_mu);
+      container_times[version].*field =
+          std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    }
+    return r;
+  };
+  absl::StatusOr<RunningContainer> running =
+      absl::UnavailableError("not started");
+  if (have && (must_restore || (tier == ColdStart::kAny && restore_faster))) {
+    l.restore_from = checkpoint;
+    running = timed_start(&ContainerStartTimes::restore_ms);
+    if (running.ok()) {
+      inst.tier = call_wire::StartTier::kCriu;
+    } else if (must_restore) {
+      close(keep);
+      return running.status();
+    } else {
+      logs.Append(fn, "invoker",
+                  absl::StrCat("silt: restoring the container failed (",
+                               running.status().message(),
+                               "); dropping its checkpoint and booting"));
+      std::filesystem::remove_all(checkpoint, ec);
+      l.restore_from.clear();
+    }
+  }
+  if (!running.ok()) running = timed_start(&ContainerStartTimes::boot_ms);
+  close(keep);
+  if (!running.ok()) return running.status();
+  if (have && tier == ColdStart::kAny && !restore_faster &&
+      l.restore_from.empty()) {
+    absl::MutexLock t(&container_times_mu);
+    ContainerStartTimes& times = container_times[version];
+    if (times.restore_ms > 0 && !std::exchange(times.told, true))
+      logs.Append(fn, "invoker",
+                  absl::StrFormat("silt: this container boots in %.0f ms and "
+                                  "restores in %.0f ms here: its instances "
+                                  "boot",
+                                  times.boot_ms, times.restore_ms));
+  }
+  inst.container = ContainerLease(*runtime, inst.id);
+  logs.Append(fn, inst.id,
+              absl::StrCat("silt: container ",
+                           l.restore_from.empty() ? "started" : "restored",
+                           " (", running->phases, ")"));
+  if (snapshots && !have && l.restore_from.empty()) {
+    // Before its first call: no connection is open in it yet.
+    std::filesystem::create_directories(
+        options.data_dir + "/container-checkpoints", ec);
+    auto start = Clock::now();
+    absl::Status s = (*runtime)->Checkpoint(inst.id, checkpoint);
+    if (s.ok())
+      logs.Append(fn, inst.id,
+                  absl::StrFormat("silt: container checkpointed in %.1f ms",
+                                  std::chrono::duration<double, std::milli>(
+                                      Clock::now() - start)
+                                      .count()));
+    else if (!absl::IsAlreadyExists(s))
+      logs.Append(
+          fn, inst.id,
+          absl::StrCat("silt: no checkpoint of the container: ", s.message()));
+  }
+  sb->netns = running->netns;
+  return absl::OkStatus();
+}
+
+void Invoker::Impl::TendStagedContainers() {
+  if (!snapshots_on || options.resident_memory_bytes == 0 ||
+      container_images == nullptr)
+    return;
+  std::vector<std::shared_ptr<Pool>> candidates;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    auto now = Clock::now();
+    for (auto& [key, pool] : pools)
+      if (pool->bundle->manifest.kind == "container" && !pool->staged &&
+          !pool->staging && SnapshotsWanted(pool->spec) &&
+          now >= pool->staging_retry_after)
+        candidates.push_back(pool);
+  }
+  // The most recently started function's first, one per pass (a restore
+  // each): the next pass comes at once.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const auto& a, const auto& b) {
+                     return a->last_start > b->last_start;
+                   });
+  std::shared_ptr<Pool> chosen;
+  for (auto& pool : candidates) {
+    // Until it is measured, it holds about what its checkpoint does.
+    uint64_t estimate = DirBytes(ContainerCheckpointDir(pool->snapshot_id));
+    if (estimate == 0) continue;  // none (yet) on this node
+    std::vector<std::shared_ptr<Template>> dropped;
+    std::lock_guard<std::mutex> l(mu);
+    if (pool->staged || pool->staging) continue;
+    pool->staged_estimate = estimate;
+    if (!MakeRoomLocked(pool.get(),
+                        HeldBytesLocked(*pool, ResidentKind::kStaged),
+                        &dropped))
+      continue;
+    pool->staging = true;
+    chosen = pool;
+    break;
+  }
+  if (chosen == nullptr) return;
+  const std::string fn = Key(chosen->spec.namespace_(), chosen->spec.name());
+  auto start = Clock::now();
+  auto inst = StartInstance(chosen->spec, *chosen->bundle,
+                            /*snapshot_ready=*/false, ColdStart::kCriu);
+  absl::Status s = inst.status();
+  const double ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  std::unique_ptr<Instance> late;  // stopped after the lock goes
+  const bool stopping = Stopping();
+  {
+    std::lock_guard<std::mutex> l(mu);
+    chosen->staging = false;
+    auto it = pools.find(fn);
+    // Frozen under the lock: what a cold start finds staged is frozen, and
+    // it finds whatever is frozen (TakeStaged thaws it).
+    if (s.ok() && it != pools.end() && it->second == chosen && !stopping)
+      s = (*inst)->container.Freeze(true);
+    if (!s.ok()) {
+      chosen->staging_retry_after = Clock::now() + std::chrono::seconds(30);
+      if (inst.ok()) late = *std::move(inst);
+    } else if (it == pools.end() || it->second != chosen || stopping) {
+      late = *std::move(inst);  // removed or changed meanwhile
+    } else {
+      chosen->staged = *std::move(inst);
+    }
+  }
+  if (!s.ok())
+    logs.Append(fn, "invoker",
+                absl::StrCat("silt: no instance staged: ", s.message()));
+  else if (late == nullptr)
+    logs.Append(fn, "invoker",
+                absl::StrFormat("silt: next instance staged (restored from "
+                                "the checkpoint in %.0f ms, frozen)",
+                                ms));
+  KickTender();  // the next function's
+}
+
+std::unique_ptr<Instance> Invoker::Impl::TakeStaged(Pool& pool) {
+  auto start = Clock::now();
+  std::unique_ptr<Instance> inst;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    inst = std::move(pool.staged);
+  }
+  if (inst == nullptr) return nullptr;
+  KickTender();  // the next one
+  absl::Status s = inst->container.Freeze(false);
+  if (s.ok() && !Alive(inst->proc->pid()))
+    s = absl::UnavailableError("its worker ended");
+  if (s.ok() && inst->container.Pids().empty())
+    s = absl::UnavailableError("its container has no process left");
+  if (!s.ok()) {
+    logs.Append(
+        Key(pool.spec.namespace_(), pool.spec.name()), inst->id,
+        absl::StrCat("silt: the staged instance is gone (", s.message(), ")"));
+    std::lock_guard<std::mutex> l(mu);
+    graveyard.push_back(std::move(inst));
+    return nullptr;
+  }
+  inst->tier = call_wire::StartTier::kRestore;
+  inst->start_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  inst->last_used = Clock::now();
+  return inst;
+}
+
+}  // namespace silt::invoker
