@@ -195,8 +195,12 @@ bool ImageArchives::SettledLocked(
     (*failures)[node] = f->second;
     return true;
   }
-  for (const auto& [name, r] : records_)
-    if (r.archive == archive && !n->second.images.contains(name)) return false;
+  for (const auto& [name, r] : records_) {
+    if (r.archive != archive) continue;
+    auto held = n->second.images.find(name);
+    if (held == n->second.images.end() || held->second.archive != archive)
+      return false;
+  }
   return true;
 }
 

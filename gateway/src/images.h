@@ -34,6 +34,7 @@ class ImageArchives {
   struct NodeImage {
     std::string digest;  // the image's manifest digest
     uint64_t size = 0;
+    std::string archive;  // the archive the node imported it from
   };
   // A node's import of an archive that failed.
   struct Failure {
@@ -72,8 +73,9 @@ class ImageArchives {
   void NodeGone(const std::string& node);
   // Which nodes hold `name`, with what each says of it.
   std::map<std::string, NodeImage> Holders(const std::string& name) const;
-  // Waits until each of `nodes` holds every image of `archive` or failed
-  // to import it, or `timeout` passes: the failures by node.
+  // Waits until each of `nodes` holds every image of `archive` as imported
+  // from it (not an earlier import of the same name) or failed to import
+  // it, or `timeout` passes: the failures by node.
   std::map<std::string, Failure> Await(const std::string& archive,
                                        const std::set<std::string>& nodes,
                                        std::chrono::milliseconds timeout);

@@ -232,7 +232,7 @@ grpc::Status NodeRegistry::Impl::Connect(
       if (!images) continue;
       std::map<std::string, ImageArchives::NodeImage> held;
       for (const auto& i : m.images().images())
-        held[i.name()] = {i.digest(), i.size()};
+        held[i.name()] = {i.digest(), i.size(), i.archive()};
       std::map<std::string, ImageArchives::Failure> failed;
       for (const auto& f : m.images().failures())
         failed[f.archive()] = {f.kind() == control::IMAGE_FAILURE_BAD_ARCHIVE,

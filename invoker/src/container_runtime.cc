@@ -156,7 +156,10 @@ absl::StatusOr<RunningContainer> ContainerRuntime::Start(
   // (none: it has exited already).
   auto pid = client_->Pid(launch.id);
   const pid_t task_pid = pid.ok() ? *pid : -1;
-  RunningContainer running{launch.id, *ip, spec.netns};
+  RunningContainer running{.id = launch.id,
+                           .ip = *ip,
+                           .netns = spec.netns,
+                           .image_digest = image->digest};
   auto deadline = Clock::now() + timeout;
   // Polled, as faasd's gateway polls: refused at once until the watchdog
   // listens; between tries, 1 ms doubling to 8.
@@ -189,6 +192,13 @@ absl::StatusOr<RunningContainer> ContainerRuntime::Start(
           timeout.count(), " ms", log.empty() ? "" : ": ", log));
     }
   }
+}
+
+absl::StatusOr<std::string> ContainerRuntime::ImageDigest(
+    const std::string& name) {
+  auto image = client_->GetImage(name);
+  if (!image.ok()) return image.status();
+  return image->digest;
 }
 
 absl::Status ContainerRuntime::Freeze(const std::string& id, bool frozen) {

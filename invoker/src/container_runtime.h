@@ -47,8 +47,9 @@ struct ContainerLaunch {
 
 struct RunningContainer {
   std::string id;
-  std::string ip;      // on the node's bridge; the watchdog at ip:8080
-  std::string netns;   // its network namespace (a /proc path)
+  std::string ip;            // on the node's bridge; the watchdog at ip:8080
+  std::string netns;         // its network namespace (a /proc path)
+  std::string image_digest;  // of the image it runs (its manifest's)
   std::string phases;  // where its start's time went ("network 9.1 ms, ...")
 };
 
@@ -60,8 +61,8 @@ class ContainerRuntime {
 
   // Starts the instance and waits up to `timeout` for its health check.
   // NotFound for an image that is not imported; FailedPrecondition (with
-  // the end of its log) when it exits first; DeadlineExceeded when it never
-  // answers. Nothing is left behind when it fails.
+  // the end of its log) when it exits first; DeadlineExceeded
+  // when it never answers. Nothing is left behind when it fails.
   absl::StatusOr<RunningContainer> Start(const ContainerLaunch& launch,
                                          std::chrono::milliseconds timeout);
   // Checkpoints a running instance into `dir` (CRIU images through runc;
@@ -69,6 +70,9 @@ class ContainerRuntime {
   // leaving it running: FailedPrecondition when CRIU cannot (e.g. a
   // connection open in it), AlreadyExists when `dir` is there.
   absl::Status Checkpoint(const std::string& id, const std::string& dir);
+  // The digest of imported image `name` (its manifest's): a checkpoint is
+  // of one digest, and the name may be imported again with other content.
+  absl::StatusOr<std::string> ImageDigest(const std::string& name);
   // Freezes the instance's processes (its cgroup's freezer: they take no
   // CPU and answer nothing until thawed), or thaws them. NotFound when its
   // cgroup is gone (the container with it).

@@ -343,6 +343,10 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
       impl->criu_version = *v;
       impl->snapshots_on = true;
       impl->images->Load();
+      // (where container checkpoints were kept before they were images)
+      std::error_code ec;
+      std::filesystem::remove_all(options.data_dir + "/container-checkpoints",
+                                  ec);
     } else {
       fprintf(stderr,
               "silt-invoker: snapshots off (instances always boot): %s\n",

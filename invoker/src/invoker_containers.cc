@@ -5,39 +5,39 @@
 #include "invoker_impl.h"
 
 namespace silt::invoker {
-namespace {
-
-// What the files under `dir` hold (a checkpoint's: its pages, mostly); 0
-// when there is no `dir`.
-uint64_t DirBytes(const std::string& dir) {
-  uint64_t bytes = 0;
-  std::error_code ec;
-  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
-       !ec && it != std::filesystem::recursive_directory_iterator();
-       it.increment(ec))
-    if (it->is_regular_file(ec)) bytes += it->file_size(ec);
-  return bytes;
-}
-
-}  // namespace
-
-std::string Invoker::Impl::ContainerCheckpointDir(
-    const std::string& version) const {
-  return options.data_dir + "/container-checkpoints/" + version;
-}
-
 absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
                                            Instance& inst, SandboxSpec* sb,
                                            ColdStart tier) {
   // Restored from the function's checkpoint on this node by runc and CRIU
   // when there is one and that is the faster (a failed restore drops it and
   // boots), else booted, and the first boot checkpointed for the next
-  // (snapshots wanted: com.silt.snapshot).
+  // (snapshots wanted: com.silt.snapshot). Checkpoints are snapshot images
+  // like bundles' (the catalog, DATA_DIR/snapshots/<version>): sealed with
+  // a manifest, checked before each restore, served to peers.
   const bool snapshots = snapshots_on && SnapshotsWanted(spec);
   const std::string version = SnapshotIdOf(spec);
-  const std::string checkpoint = ContainerCheckpointDir(version);
-  std::error_code ec;
-  const bool have = snapshots && std::filesystem::exists(checkpoint, ec);
+  const std::string fn = Key(spec.namespace_(), spec.name());
+  auto runtime = container_images->Runtime();
+  if (!runtime.ok()) return runtime.status();
+  // Not one that is damaged, nor one of the image as it was before it was
+  // imported again under its name.
+  bool have = snapshots && images->Has(version);
+  if (have) {
+    auto m = snapshot::Verify(images->Dir(version));
+    absl::Status usable = m.status();
+    if (m.ok())
+      if (auto digest = (*runtime)->ImageDigest(spec.container_image());
+          digest.ok() && *digest != m->bundle_digest)
+        usable = absl::FailedPreconditionError(
+            absl::StrCat("it is of image ", spec.container_image(),
+                         " as it was (", m->bundle_digest, "), now ", *digest));
+    if (!usable.ok()) {
+      logs.Append(fn, "invoker",
+                  absl::StrCat("silt: not restoring: ", usable.message()));
+      DropImage(version, std::string(usable.message()));
+      have = false;
+    }
+  }
   const bool must_restore =
       tier == ColdStart::kRestore || tier == ColdStart::kCriu;
   if (must_restore && !have)
@@ -45,8 +45,6 @@ absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
         absl::StrCat("function ", spec.name(),
                      snapshots ? " has no checkpoint on this node yet"
                                : " does not use snapshots"));
-  auto runtime = container_images->Runtime();
-  if (!runtime.ok()) return runtime.status();
   ContainerLaunch l;
   l.id = inst.id;
   l.image = spec.container_image();
@@ -72,7 +70,6 @@ absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
     return absl::InternalError(
         absl::StrCat("opening ", l.log_path, ": ", strerror(errno)));
   }
-  const std::string fn = Key(spec.namespace_(), spec.name());
   collector->Add(r, fn, inst.id);
   bool restore_faster = true;  // until measured
   {
@@ -94,7 +91,7 @@ absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
   absl::StatusOr<RunningContainer> running =
       absl::UnavailableError("not started");
   if (have && (must_restore || (tier == ColdStart::kAny && restore_faster))) {
-    l.restore_from = checkpoint;
+    l.restore_from = images->Dir(version);
     running = timed_start(&ContainerStartTimes::restore_ms);
     if (running.ok()) {
       inst.tier = call_wire::StartTier::kCriu;
@@ -106,7 +103,7 @@ absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
                   absl::StrCat("silt: restoring the container failed (",
                                running.status().message(),
                                "); dropping its checkpoint and booting"));
-      std::filesystem::remove_all(checkpoint, ec);
+      DropImage(version, std::string(running.status().message()));
       l.restore_from.clear();
     }
   }
@@ -129,25 +126,47 @@ absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
               absl::StrCat("silt: container ",
                            l.restore_from.empty() ? "started" : "restored",
                            " (", running->phases, ")"));
-  if (snapshots && !have && l.restore_from.empty()) {
-    // Before its first call: no connection is open in it yet.
-    std::filesystem::create_directories(
-        options.data_dir + "/container-checkpoints", ec);
-    auto start = Clock::now();
-    absl::Status s = (*runtime)->Checkpoint(inst.id, checkpoint);
-    if (s.ok())
-      logs.Append(fn, inst.id,
-                  absl::StrFormat("silt: container checkpointed in %.1f ms",
-                                  std::chrono::duration<double, std::milli>(
-                                      Clock::now() - start)
-                                      .count()));
-    else if (!absl::IsAlreadyExists(s))
-      logs.Append(
-          fn, inst.id,
-          absl::StrCat("silt: no checkpoint of the container: ", s.message()));
-  }
+  if (snapshots && !images->Has(version) && l.restore_from.empty())
+    CheckpointContainer(spec, **runtime, inst.id, running->image_digest);
   sb->netns = running->netns;
   return absl::OkStatus();
+}
+
+void Invoker::Impl::CheckpointContainer(const FunctionSpec& spec,
+                                        ContainerRuntime& runtime,
+                                        const std::string& id,
+                                        const std::string& image_digest) {
+  const std::string version = SnapshotIdOf(spec);
+  const std::string fn = Key(spec.namespace_(), spec.name());
+  auto start = Clock::now();
+  std::string tmp = images->Aside("tmp", version);
+  absl::Status s = runtime.Checkpoint(id, tmp);
+  const double ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  if (s.ok()) {
+    snapshot::Manifest m;
+    m.id = version;
+    m.function = spec.name();
+    m.ns = spec.namespace_();
+    m.generation = spec.generation();
+    m.bundle_digest = image_digest;
+    m.kind = "container";
+    m.kernel = snapshot::KernelRelease();
+    m.criu_version = criu_version;
+    m.created_unix = WallNanos() / 1000000000;
+    m.checkpoint_ms = ms;
+    s = snapshot::Seal(tmp, images->Dir(version), &m);
+    if (s.ok()) images->Add(m);
+  }
+  std::error_code ec;
+  if (!s.ok()) std::filesystem::remove_all(tmp, ec);
+  if (s.ok())
+    logs.Append(fn, id,
+                absl::StrFormat("silt: container checkpointed in %.1f ms", ms));
+  else if (!absl::IsAlreadyExists(s))
+    logs.Append(
+        fn, id,
+        absl::StrCat("silt: no checkpoint of the container: ", s.message()));
 }
 
 void Invoker::Impl::TendStagedContainers() {
@@ -173,12 +192,11 @@ void Invoker::Impl::TendStagedContainers() {
   std::shared_ptr<Pool> chosen;
   for (auto& pool : candidates) {
     // Until it is measured, it holds about what its checkpoint does.
-    uint64_t estimate = DirBytes(ContainerCheckpointDir(pool->snapshot_id));
-    if (estimate == 0) continue;  // none (yet) on this node
     std::vector<std::shared_ptr<Template>> dropped;
     std::lock_guard<std::mutex> l(mu);
-    if (pool->staged || pool->staging) continue;
-    pool->staged_estimate = estimate;
+    if (pool->staged || pool->staging || !images->Has(pool->snapshot_id))
+      continue;  // (none yet on this node)
+    pool->staged_estimate = images->Bytes(pool->snapshot_id);
     if (!MakeRoomLocked(pool.get(),
                         HeldBytesLocked(*pool, ResidentKind::kStaged),
                         &dropped))
@@ -203,12 +221,15 @@ void Invoker::Impl::TendStagedContainers() {
     auto it = pools.find(fn);
     // Frozen under the lock: what a cold start finds staged is frozen, and
     // it finds whatever is frozen (TakeStaged thaws it).
-    if (s.ok() && it != pools.end() && it->second == chosen && !stopping)
-      s = (*inst)->container.Freeze(true);
+    // (Not one restored from an image dropped meanwhile: damaged, or of
+    // an image imported again.)
+    const bool current = it != pools.end() && it->second == chosen &&
+                         !stopping && images->Has(chosen->snapshot_id);
+    if (s.ok() && current) s = (*inst)->container.Freeze(true);
     if (!s.ok()) {
       chosen->staging_retry_after = Clock::now() + std::chrono::seconds(30);
       if (inst.ok()) late = *std::move(inst);
-    } else if (it == pools.end() || it->second != chosen || stopping) {
+    } else if (!current) {
       late = *std::move(inst);  // removed or changed meanwhile
     } else {
       chosen->staged = *std::move(inst);

@@ -25,10 +25,12 @@ void Invoker::Impl::DropImage(const std::string& id, const std::string& why) {
     images->Forget(id);
     // Staged restorers and templates map this image's pages: they go too
     // (clones keep their template until they end), and the next cold
-    // start boots and snapshots again.
+    // start boots and snapshots again. So do staged containers restored
+    // from it (a damaged or replaced checkpoint).
     for (auto& [key, pool] : pools) {
       if (pool->snapshot_id != id) continue;
       if (pool->restorer) graveyard.push_back(std::move(pool->restorer));
+      if (pool->staged) graveyard.push_back(std::move(pool->staged));
       if (pool->tmpl) {
         templates.push_back(std::move(pool->tmpl));
         pool->template_retry_after = Clock::now() + std::chrono::seconds(5);
@@ -403,20 +405,10 @@ void Invoker::Impl::RecordWorkingSet(const std::string& id, pid_t pid) {
 void Invoker::Impl::CollectImages(const std::set<std::string>& wanted_ids) {
   for (const auto& m : images->List())
     if (!wanted_ids.contains(m.id)) DropImage(m.id, "");
-  // Container functions' checkpoints (and what a failed one left) and
-  // start times too.
-  {
-    absl::MutexLock l(&container_times_mu);
-    std::erase_if(container_times,
-                  [&](const auto& e) { return !wanted_ids.contains(e.first); });
-  }
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(
-           options.data_dir + "/container-checkpoints", ec)) {
-    std::string name = e.path().filename().string();
-    if (!wanted_ids.contains(name.substr(0, name.find('.'))))
-      std::filesystem::remove_all(e.path(), ec);
-  }
+  // Container functions' start times too (their checkpoints are images).
+  absl::MutexLock l(&container_times_mu);
+  std::erase_if(container_times,
+                [&](const auto& e) { return !wanted_ids.contains(e.first); });
 }
 
 }  // namespace silt::invoker

@@ -365,9 +365,12 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // `pool`'s staged instance, thawed, as a cold start's (tier restore); null
   // when there is none (or it was found gone).
   std::unique_ptr<Instance> TakeStaged(Pool& pool);
-  // Where a container function version's checkpoint (`version`: its
-  // SnapshotIdOf) is kept on this node.
-  std::string ContainerCheckpointDir(const std::string& version) const;
+  // Checkpoints container `id`, an instance of `spec` booted from the
+  // image whose digest is `image_digest`, into the catalog (the function's
+  // log says how it went).
+  void CheckpointContainer(const FunctionSpec& spec, ContainerRuntime& runtime,
+                           const std::string& id,
+                           const std::string& image_digest);
   // How long a container function version's instances took to boot and to
   // restore on this node (the last of each, ms; 0: not yet): restore is the
   // default only where it is the faster (runc restoring a small image takes

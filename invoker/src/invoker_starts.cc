@@ -138,7 +138,8 @@ Invoker::Impl::ResidentByImageLocked() {
   for (const auto& r : ResidentLocked()) {
     auto& [bytes, staged] = out[r.pool->snapshot_id];
     bytes += r.holder.bytes;
-    staged |= r.holder.kind == ResidentKind::kRestorer;
+    staged |= r.holder.kind == ResidentKind::kRestorer ||
+              r.holder.kind == ResidentKind::kStaged;
   }
   return out;
 }

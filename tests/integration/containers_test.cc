@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -330,6 +331,75 @@ TEST_F(ContainersTest, AStagedInstanceServesTheNextColdStartAndIsReplaced) {
     auto ids = client->List();
     return ids.ok() && ids->empty();
   }));
+}
+
+TEST_F(ContainersTest, ADamagedOrOutdatedCheckpointIsNeverRestored) {
+  Deploy({{"service", "echo"}, {"image", "silt/http:1"}});
+  ASSERT_EQ(cluster_->gateway().Call("POST", "/function/echo", "x").status,
+            200);
+  // The checkpoint is a snapshot image of the node's, sealed with a
+  // manifest (and listed with the others).
+  std::string image;
+  ASSERT_TRUE(Eventually([&] {
+    std::error_code ec;
+    for (const auto& e :
+         std::filesystem::directory_iterator(dir_ + "/node-a/snapshots", ec))
+      if (e.path().filename().string()[0] != '.') image = e.path().string();
+    return !image.empty() &&
+           std::filesystem::exists(image + "/manifest.json", ec);
+  }));
+  EXPECT_TRUE(Eventually([&] {
+    return absl::StrContains(cluster_->Silt({"snapshot", "list"}).out, "echo");
+  }));
+  ASSERT_EQ(cluster_->gateway()
+                .Call("POST", "/function/echo", "r", true,
+                      {{"X-Silt-Cold-Start", "criu"}})
+                .Header("X-Silt-Start"),
+            "criu");
+  // Bytes flipped in it (its size unchanged): the next restore finds out,
+  // drops it and what was staged from it, and a boot checkpoints again.
+  std::string pages;
+  for (const auto& e : std::filesystem::directory_iterator(image))
+    if (absl::StartsWith(e.path().filename().string(), "pages-"))
+      pages = e.path().string();
+  ASSERT_FALSE(pages.empty());
+  {
+    std::fstream f(pages, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f.write("garbage!", 8);
+  }
+  auto call = cluster_->gateway().Call("POST", "/function/echo", "r", true,
+                                       {{"X-Silt-Cold-Start", "criu"}});
+  EXPECT_NE(call.status, 200);
+  EXPECT_TRUE(absl::StrContains(call.body, "no checkpoint")) << call.body;
+  EXPECT_TRUE(
+      absl::StrContains(cluster_->Silt({"logs", "echo"}).out, "not restoring"));
+  EXPECT_TRUE(Eventually([&] { return FrozenContainers("echo-").empty(); }));
+  call = cluster_->gateway().Call("POST", "/function/echo", "b", true,
+                                  {{"X-Silt-Cold-Start", "boot"}});
+  ASSERT_EQ(call.status, 200) << call.body;
+  ASSERT_TRUE(Eventually([&] {
+    return cluster_->gateway()
+               .Call("POST", "/function/echo", "r", true,
+                     {{"X-Silt-Cold-Start", "criu"}})
+               .Header("X-Silt-Start") == "criu";
+  }));
+  // The image imported again under its name with other content: the
+  // checkpoint of the old one is not restored on the new one.
+  Import("silt/http:1",
+         {"--env", "mode=http", "--env", "upstream_url=http://127.0.0.1:8082",
+          "--env", "fprocess=/usr/bin/fwatchdog echo-server 8082", "--env",
+          "REIMPORTED=1"});
+  call = cluster_->gateway().Call("POST", "/function/echo", "r", true,
+                                  {{"X-Silt-Cold-Start", "criu"}});
+  EXPECT_NE(call.status, 200);
+  EXPECT_TRUE(Eventually([&] {
+    return absl::StrContains(cluster_->Silt({"logs", "echo"}).out, "as it was");
+  })) << cluster_->Silt({"logs", "echo"}).out;
+  call = cluster_->gateway().Call("POST", "/function/echo", "new", true,
+                                  {{"X-Silt-Cold-Start", "boot"}});
+  EXPECT_EQ(call.status, 200) << call.body;
+  EXPECT_EQ(call.body, "new");
 }
 
 TEST_F(ContainersTest, AContainerKilledAtItsMemoryLimitIs502AndReplaced) {
