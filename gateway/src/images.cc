@@ -198,7 +198,10 @@ bool ImageArchives::SettledLocked(
   for (const auto& [name, r] : records_) {
     if (r.archive != archive) continue;
     auto held = n->second.images.find(name);
-    if (held == n->second.images.end() || held->second.archive != archive)
+    // (A node that names no archive, an older invoker, is taken at its
+    // word that it holds the name.)
+    if (held == n->second.images.end() ||
+        (held->second.archive != archive && !held->second.archive.empty()))
       return false;
   }
   return true;

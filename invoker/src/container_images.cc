@@ -190,7 +190,13 @@ void ContainerImages::Reconcile(const control::ImageSet& set) {
                   std::string(images.status().message()).c_str());
           continue;
         }
-        for (auto& image : *images) have[image.name] = std::move(image);
+        for (auto& image : *images) {
+          if (auto old = have.find(image.name);
+              old != have.end() && old->second.digest != image.digest &&
+              options_.replaced)
+            options_.replaced(image.name);
+          have[image.name] = std::move(image);
+        }
       }
       // Ours that are no longer wanted go (others' images stay).
       for (auto it = have.begin(); it != have.end();) {

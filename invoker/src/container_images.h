@@ -38,6 +38,9 @@ class ContainerImages {
         fetch;
     // A new report is ready (TakeReport).
     std::function<void()> changed;
+    // An image the node held was imported again with other content (its
+    // normalized name): what was made of the old one (checkpoints) must go.
+    std::function<void(const std::string& name)> replaced;
   };
 
   explicit ContainerImages(Options options);

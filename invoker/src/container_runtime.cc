@@ -259,14 +259,24 @@ absl::Status ContainerRuntime::Stop(const std::string& id) {
       netns_.erase(it);
     }
   }
-  // A frozen task would not die of the kill that deletes it.
-  Freeze(id, false).IgnoreError();
-  absl::Status deleted = client_->Delete(id);
-  if (absl::IsNotFound(deleted)) deleted = absl::OkStatus();
+  absl::Status deleted = Delete(id);
   // After the container, through the namespace still held: the plugins
   // undo their work in it.
   absl::Status unplugged = cni_->Del(id, netns ? netns->path() : "");
   return deleted.ok() ? unplugged : deleted;
+}
+
+absl::Status ContainerRuntime::Delete(const std::string& id) {
+  // A frozen task would not die of the kill that deletes it.
+  Freeze(id, false).IgnoreError();
+  absl::Status s = client_->Delete(id);
+  if (!s.ok() && !absl::IsNotFound(s)) {
+    std::vector<pid_t> pids = Pids(id);
+    if (pids.empty()) return s;
+    for (pid_t pid : pids) kill(pid, SIGKILL);
+    s = client_->Delete(id);
+  }
+  return absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
 
 absl::Status ContainerRuntime::Checkpoint(const std::string& id,
@@ -327,15 +337,13 @@ std::vector<std::string> ContainerRuntime::RemoveOthers() {
       if (netns_.contains(id)) continue;
     }
     // Its network through its namespace while its task still runs (the
-    // interface and rules go too), then the container (thawed: an instance
-    // staged frozen would not die of the kill).
-    Freeze(id, false).IgnoreError();
+    // interface and rules go too), then the container.
     auto pid = client_->Pid(id);
     std::string netns = pid.ok() ? absl::StrCat("/proc/", *pid, "/ns/net") : "";
     if (!cni_->Del(id, netns).ok() && !netns.empty())
       cni_->Del(id, "").IgnoreError();
-    absl::Status s = client_->Delete(id);
-    if (!s.ok() && !absl::IsNotFound(s))
+    absl::Status s = Delete(id);
+    if (!s.ok())
       fprintf(stderr, "silt-invoker: removing container %s: %s\n", id.c_str(),
               std::string(s.message()).c_str());
     removed.push_back(id);

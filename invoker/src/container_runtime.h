@@ -93,6 +93,12 @@ class ContainerRuntime {
   std::vector<std::string> RemoveOthers();
 
  private:
+  // Deletes container `id` through containerd; when its task cannot be
+  // killed that way (one an invoker that died was restoring: containerd
+  // does not signal it), kills what runs in its cgroup directly and
+  // deletes again.
+  absl::Status Delete(const std::string& id);
+
   const std::shared_ptr<containerd::Client> client_;
   const std::shared_ptr<containerd::Cni> cni_;
   // Each started container's network namespace, held until Stop (also so

@@ -381,6 +381,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
       std::lock_guard<std::mutex> l(p->stop_mu);
       p->stop_cv.notify_all();
     };
+    co.replaced = [p](const std::string& name) { p->ImageReplaced(name); };
     impl->container_images = std::make_unique<ContainerImages>(co);
     auto cb = std::make_shared<Bundle>();
     cb->dir = options.data_dir + "/container-bundle";  // empty

@@ -7,6 +7,7 @@ namespace silt::invoker {
 auto Invoker::Impl::PoolFor(const FunctionSpec& spec,
                             std::shared_ptr<const Bundle> bundle)
     -> std::shared_ptr<Pool> {
+  std::shared_ptr<Pool> old;  // replaced: its instances stop off the lock
   std::lock_guard<std::mutex> l(mu);
   auto& p = pools[Key(spec.namespace_(), spec.name())];
   if (!p || p->spec.generation() != spec.generation()) {
@@ -22,7 +23,7 @@ auto Invoker::Impl::PoolFor(const FunctionSpec& spec,
         !container;
     fresh->bundle = std::move(bundle);
     if (p) fresh->min_instances = p->min_instances;
-    if (p && p->staged) graveyard.push_back(std::move(p->staged));
+    old = std::move(p);
     p = fresh;  // the old pool's instances stop as their calls end
   }
   return p;

@@ -2,6 +2,7 @@
 // its function's checkpoint by runc and CRIU, the first booted checkpointed
 // for the next), and staging the next one ahead of need: restored and
 // frozen, under the resident budget, so that a cold start only thaws it.
+#include "containerd/archive.h"
 #include "invoker_impl.h"
 
 namespace silt::invoker {
@@ -13,7 +14,8 @@ absl::Status Invoker::Impl::StartContainer(const FunctionSpec& spec,
   // boots), else booted, and the first boot checkpointed for the next
   // (snapshots wanted: com.silt.snapshot). Checkpoints are snapshot images
   // like bundles' (the catalog, DATA_DIR/snapshots/<version>): sealed with
-  // a manifest, checked before each restore, served to peers.
+  // a manifest, checked before each restore, kept across restarts (nodes
+  // do not fetch them from peers: each checkpoints its own first boot).
   const bool snapshots = snapshots_on && SnapshotsWanted(spec);
   const std::string version = SnapshotIdOf(spec);
   const std::string fn = Key(spec.namespace_(), spec.name());
@@ -169,6 +171,24 @@ void Invoker::Impl::CheckpointContainer(const FunctionSpec& spec,
         absl::StrCat("silt: no checkpoint of the container: ", s.message()));
 }
 
+void Invoker::Impl::ImageReplaced(const std::string& name) {
+  std::vector<std::pair<std::string, std::string>> drop;  // function, image
+  {
+    std::lock_guard<std::mutex> l(mu);
+    for (const auto& [key, pool] : pools) {
+      auto image = containerd::NormalizeImageName(pool->spec.container_image());
+      if (image.ok() && *image == name && images->Has(pool->snapshot_id))
+        drop.emplace_back(key, pool->snapshot_id);
+    }
+  }
+  const std::string why = absl::StrCat("image ", name, " was imported again");
+  for (const auto& [fn, id] : drop) {
+    logs.Append(fn, "invoker",
+                absl::StrCat("silt: ", why, ": its checkpoint goes"));
+    DropImage(id, why);
+  }
+}
+
 void Invoker::Impl::TendStagedContainers() {
   if (!snapshots_on || options.resident_memory_bytes == 0 ||
       container_images == nullptr)
@@ -235,14 +255,18 @@ void Invoker::Impl::TendStagedContainers() {
       chosen->staged = *std::move(inst);
     }
   }
-  if (!s.ok())
+  if (!s.ok()) {
+    // Never the same broken checkpoint twice: the next boot takes another.
     logs.Append(fn, "invoker",
-                absl::StrCat("silt: no instance staged: ", s.message()));
-  else if (late == nullptr)
+                absl::StrCat("silt: no instance staged (", s.message(),
+                             "); dropping the checkpoint"));
+    DropImage(chosen->snapshot_id, std::string(s.message()));
+  } else if (late == nullptr) {
     logs.Append(fn, "invoker",
                 absl::StrFormat("silt: next instance staged (restored from "
                                 "the checkpoint in %.0f ms, frozen)",
                                 ms));
+  }
   KickTender();  // the next function's
 }
 

@@ -8,6 +8,9 @@ void Invoker::Impl::ApplyAssignment(const control::Assignment& a) {
   if (!a.data_key().empty() && proclet_host)
     proclet_host->SetDataKey(a.data_key());
   std::vector<std::pair<FunctionSpec, uint32_t>> wanted;
+  // Pools no longer assigned: their instances stop (a container's through
+  // containerd) after the lock goes.
+  std::vector<std::shared_ptr<Pool>> gone;
   {
     std::lock_guard<std::mutex> l(mu);
     std::set<std::string> keys;
@@ -27,10 +30,7 @@ void Invoker::Impl::ApplyAssignment(const control::Assignment& a) {
     // instances.
     for (auto it = pools.begin(); it != pools.end();) {
       if (!keys.contains(it->first)) {
-        // (torn down by the reaper, off this lock: a container's stop is a
-        // round trip to containerd)
-        if (it->second->staged)
-          graveyard.push_back(std::move(it->second->staged));
+        gone.push_back(std::move(it->second));
         it = pools.erase(it);
       } else {
         ++it;

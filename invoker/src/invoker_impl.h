@@ -336,6 +336,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     // ahead of need with its container frozen (no CPU): a cold start thaws
     // it (TakeStaged). Held under the resident budget like a restorer; what
     // it held when last measured (0: not yet), and its checkpoint's size.
+    // (Like the rest of a Pool, under Impl::mu.)
     std::unique_ptr<Instance> staged;
     bool staging = false;
     Clock::time_point staging_retry_after;
@@ -352,10 +353,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
       const FunctionSpec& spec);
   // Starts the container of a container function's instance: its network
   // namespace for the worker's sandbox (sb->netns).
-  // `tier`: kAny restores from the function's checkpoint on this node when
-  // there is one (and checkpoints the first instance it boots), kBoot boots,
-  // kRestore restores or fails.
-  // kCriu (or kRestore) restores by runc or fails.
+  // `tier`: kAny restores from the function's checkpoint on this node by
+  // runc when there is one and that measured faster than a boot, else boots
+  // (and checkpoints the first instance it boots); kBoot boots; kCriu (or
+  // kRestore: no instance was staged) restores by runc or fails.
   absl::Status StartContainer(const FunctionSpec& spec, Instance& inst,
                               SandboxSpec* sb, ColdStart tier);
   // Stages the next instance of one container function that has a
@@ -365,6 +366,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // `pool`'s staged instance, thawed, as a cold start's (tier restore); null
   // when there is none (or it was found gone).
   std::unique_ptr<Instance> TakeStaged(Pool& pool);
+  // Image `name` (normalized) was imported again with other content: the
+  // checkpoints of functions that run it go, with what was staged from them
+  // (their warm instances run on, as faasd's containers do).
+  void ImageReplaced(const std::string& name);
   // Checkpoints container `id`, an instance of `spec` booted from the
   // image whose digest is `image_digest`, into the catalog (the function's
   // log says how it went).

@@ -29,9 +29,10 @@ void Invoker::Impl::MeasureResident() {
     ResidentKind kind;
     pid_t pid;
     bool populated = false;  // a restorer: as it was when probed
-    // A staged instance: its container's processes, as well as its worker.
+    // A staged instance: its container (read off the lock), as well as its
+    // worker.
     const Instance* staged = nullptr;
-    std::vector<pid_t> container;
+    std::string container;
     uint64_t bytes = 0;
   };
   std::vector<Probe> probes;
@@ -50,12 +51,19 @@ void Invoker::Impl::MeasureResident() {
                           .kind = ResidentKind::kStaged,
                           .pid = pool->staged->proc->pid(),
                           .staged = pool->staged.get(),
-                          .container = pool->staged->container.Pids()});
+                          .container = pool->staged->id});
     }
   }
+  // (Asked only with a container staged: Runtime starts containerd.)
+  std::shared_ptr<ContainerRuntime> runtime;
+  for (const auto& p : probes)
+    if (!p.container.empty() && runtime == nullptr && container_images)
+      if (auto r = container_images->Runtime(); r.ok()) runtime = *r;
   for (auto& p : probes) {
     p.bytes = ProportionalSetBytes(p.pid);
-    for (pid_t pid : p.container) p.bytes += ProportionalSetBytes(pid);
+    if (!p.container.empty() && runtime != nullptr)
+      for (pid_t pid : runtime->Pids(p.container))
+        p.bytes += ProportionalSetBytes(pid);
   }
   std::lock_guard<std::mutex> l(mu);
   for (const auto& p : probes) {
@@ -65,7 +73,9 @@ void Invoker::Impl::MeasureResident() {
       continue;
     }
     if (p.kind == ResidentKind::kStaged) {
-      if (p.pool->staged.get() == p.staged) p.pool->staged_bytes = p.bytes;
+      if (p.pool->staged.get() == p.staged &&
+          p.pool->staged->proc->pid() == p.pid)
+        p.pool->staged_bytes = p.bytes;
       continue;
     }
     // Replaced, used or demoted meanwhile: not what is there now.
@@ -158,9 +168,10 @@ absl::StatusOr<std::unique_ptr<Instance>> Invoker::Impl::StartFresh(
     // Its own tiers: its staged instance thawed (restore), a restore from
     // its checkpoint by runc and CRIU (criu), or a boot (StartContainer).
     if (force == ColdStart::kFork)
-      return absl::FailedPreconditionError(
-          absl::StrCat("function ", pool->spec.name(),
-                       " is a container: it boots or restores"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "function ", pool->spec.name(),
+          " is a container: its cold starts are boot, restore (its staged "
+          "instance) and criu (runc's restore)"));
     if (force == ColdStart::kAny || force == ColdStart::kRestore)
       if (auto staged = TakeStaged(*pool)) return staged;
     return StartInstance(pool->spec, *pool->bundle, false, force);

@@ -147,7 +147,8 @@ double StagedPssMib(const std::string& fn) {
   double kib = 0;
   for (const std::string& id : silt::testing::FrozenContainers(fn + "-")) {
     std::ifstream procs("/sys/fs/cgroup/memory/silt-silt/" + id +
-                        "/cgroup.procs");
+                        "/cgroup.procs");  // cgroup v1
+    if (!procs) procs.open("/sys/fs/cgroup/silt-silt/" + id + "/cgroup.procs");
     for (int pid; procs >> pid;) {
       std::ifstream rollup(absl::StrCat("/proc/", pid, "/smaps_rollup"));
       for (std::string line; std::getline(rollup, line);) {

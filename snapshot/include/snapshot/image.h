@@ -31,8 +31,8 @@ struct Manifest {
   std::string function;
   std::string ns;
   uint64_t generation = 0;
-  std::string bundle_digest;
-  std::string kind;  // native | exec
+  std::string bundle_digest;  // a container's: its image's manifest digest
+  std::string kind;           // native | exec | container
   int abi = 1;
   std::string kernel;  // uname -r of the node that took it
   int criu_version = 0;
