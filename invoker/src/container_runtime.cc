@@ -20,9 +20,11 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace silt::invoker {
 namespace {
@@ -234,6 +236,7 @@ std::vector<pid_t> ContainerRuntime::Pids(const std::string& id) {
   std::vector<pid_t> out;
   for (const std::string& path :
        {absl::StrCat("/sys/fs/cgroup/memory", cgroup, "/cgroup.procs"),
+        absl::StrCat("/sys/fs/cgroup/freezer", cgroup, "/cgroup.procs"),
         absl::StrCat("/sys/fs/cgroup", cgroup, "/cgroup.procs")}) {
     std::ifstream in(path);
     for (pid_t pid; in >> pid;) out.push_back(pid);
@@ -266,15 +269,53 @@ absl::Status ContainerRuntime::Stop(const std::string& id) {
   return deleted.ok() ? unplugged : deleted;
 }
 
+namespace {
+
+// The containerd shim of container `id` in namespace `ns` (its command line
+// names both), or -1.
+pid_t ShimOf(const std::string& ns, const std::string& id) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
+    std::ifstream in(e.path() / "cmdline", std::ios::binary);
+    std::string cmd((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+    std::vector<std::string> args = absl::StrSplit(cmd, '\0');
+    if (args.empty() || !absl::EndsWith(args[0], "containerd-shim-runc-v2"))
+      continue;
+    bool ns_ok = false, id_ok = false;
+    for (size_t i = 0; i + 1 < args.size(); ++i) {
+      ns_ok |= args[i] == "-namespace" && args[i + 1] == ns;
+      id_ok |= args[i] == "-id" && args[i + 1] == id;
+    }
+    if (ns_ok && id_ok) return pid;
+  }
+  return -1;
+}
+
+}  // namespace
+
 absl::Status ContainerRuntime::Delete(const std::string& id) {
   // A frozen task would not die of the kill that deletes it.
   Freeze(id, false).IgnoreError();
-  absl::Status s = client_->Delete(id);
-  if (!s.ok() && !absl::IsNotFound(s)) {
-    std::vector<pid_t> pids = Pids(id);
-    if (pids.empty()) return s;
-    for (pid_t pid : pids) kill(pid, SIGKILL);
-    s = client_->Delete(id);
+  // A task whose start was cut short (the invoker restoring it died) is one
+  // its shim never saw start, so it neither kills it nor sees it end: its
+  // processes die by its cgroup, the shim goes, and containerd cleans up
+  // after it.
+  auto stop_lost = [&] {
+    for (pid_t pid : Pids(id)) kill(pid, SIGKILL);
+    if (pid_t shim = ShimOf(client_->Namespace(), id); shim > 0) {
+      kill(shim, SIGKILL);
+      for (int i = 0; i < 200 && kill(shim, 0) == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  if (client_->TaskLost(id)) stop_lost();
+  absl::Status s = client_->Delete(id, std::chrono::seconds(3));
+  if (!s.ok() && !absl::IsNotFound(s)) {  // (lost in a way not seen above)
+    stop_lost();
+    s = client_->Delete(id, std::chrono::seconds(1));
   }
   return absl::IsNotFound(s) ? absl::OkStatus() : s;
 }

@@ -633,3 +633,42 @@ TEST_F(ContainersTest, HundredsOfDeployCallRemoveCyclesLeaveNothing) {
 
 }  // namespace
 }  // namespace silt::testing
+
+namespace silt::testing {
+namespace {
+
+// An invoker killed while it restores an instance to stage (containerd's
+// start of the task cut short: a task containerd's shim neither kills nor
+// deletes) leaves nothing once it is back: no container, no shim.
+TEST_F(ContainersTest, AnInvokerKilledWhileStagingLeavesNothingBehind) {
+  Deploy({{"service", "ks"}, {"image", "silt/http:1"}});
+  ASSERT_EQ(cluster_->gateway().Call("POST", "/function/ks", "x").status, 200);
+  ASSERT_TRUE(Eventually([&] {
+    return absl::StrContains(cluster_->Silt({"logs", "ks"}).out,
+                             "container checkpointed");
+  }));
+  // (about when the staging restore runs: ~150 ms after the checkpoint;
+  // the test holds whichever moment it hits)
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  cluster_->StopNode("node-a", SIGKILL);
+  ASSERT_TRUE(cluster_->WaitNodes(0).ok());
+  auto before = Containerd()->List();
+  ASSERT_TRUE(before.ok() && !before->empty());
+  ASSERT_TRUE(cluster_->AddNode({.name = "node-a"}).ok());
+  ASSERT_TRUE(cluster_->WaitNodes(1).ok());
+  EXPECT_TRUE(Eventually([&] {
+    auto ids = Containerd()->List();
+    if (!ids.ok()) return false;
+    for (const auto& id : *before)
+      if (std::find(ids->begin(), ids->end(), id) != ids->end()) return false;
+    return true;
+  }));
+  for (const auto& id : *before)
+    EXPECT_TRUE(Eventually([&] {
+      return RunCommand({"/usr/bin/pgrep", "-f", "-id " + id}).exit_code != 0;
+    })) << "the shim of "
+        << id << " is left";
+}
+
+}  // namespace
+}  // namespace silt::testing

@@ -242,6 +242,19 @@ absl::StatusOr<pid_t> Client::Pid(const std::string& id) {
   return static_cast<pid_t>(res.process().pid());
 }
 
+bool Client::TaskLost(const std::string& id) {
+  tasks::GetRequest req;
+  req.set_container_id(id);
+  tasks::GetResponse res;
+  auto ctx = impl_->Context();
+  // (UNKNOWN, or no process where one should run: a restore's task gets
+  // its pid only once its start completes)
+  return impl_->tasks->Get(ctx.get(), req, &res).ok() &&
+         (res.process().status() == ::containerd::v1::types::Status::UNKNOWN ||
+          (res.process().pid() == 0 &&
+           res.process().status() != ::containerd::v1::types::Status::STOPPED));
+}
+
 absl::StatusOr<uint32_t> Client::Wait(const std::string& id,
                                       std::chrono::milliseconds timeout) {
   tasks::WaitRequest req;
@@ -266,7 +279,8 @@ absl::Status Client::Kill(const std::string& id, int signal) {
                   absl::StrCat("cannot signal task ", id));
 }
 
-absl::Status Client::Delete(const std::string& id) {
+absl::Status Client::Delete(const std::string& id,
+                            std::chrono::milliseconds wait) {
   bool found = false;
   {
     tasks::DeleteTaskRequest req;
@@ -278,8 +292,7 @@ absl::Status Client::Delete(const std::string& id) {
       // Still running ("cannot delete a running process"): killed, waited
       // for, then deleted. (Kill fails for one that exited meanwhile.)
       Kill(id, SIGKILL).IgnoreError();
-      if (auto w = Wait(id, std::chrono::seconds(10)); !w.ok())
-        return w.status();
+      if (auto w = Wait(id, wait); !w.ok()) return w.status();
       auto again = impl_->Context();
       s = impl_->tasks->Delete(again.get(), req, &res);
     }
@@ -309,6 +322,8 @@ absl::Status Client::Delete(const std::string& id) {
   if (!found) return absl::NotFoundError(absl::StrCat("no container ", id));
   return absl::OkStatus();
 }
+
+const std::string& Client::Namespace() const { return impl_->ns; }
 
 std::string Client::CgroupPath(const std::string& id) const {
   return CgroupPathOf(impl_->ns, id);

@@ -100,9 +100,14 @@ class Client {
   absl::StatusOr<uint32_t> Wait(const std::string& id,
                                 std::chrono::milliseconds timeout);
   absl::Status Kill(const std::string& id, int signal);
-  // Removes the task (killed first if it runs) and the container. NotFound
-  // when neither exists.
-  absl::Status Delete(const std::string& id);
+  // Whether container `id` has a task in a state containerd does not know
+  // (one whose start was cut short when its client died): its shim neither
+  // signals nor deletes it, and calls to it wait out their deadline.
+  bool TaskLost(const std::string& id);
+  // Removes the task (killed first if it runs, waiting up to `wait` for it
+  // to end) and the container. NotFound when neither exists.
+  absl::Status Delete(const std::string& id, std::chrono::milliseconds wait =
+                                                 std::chrono::seconds(10));
   // The containers of the namespace, by id.
   absl::StatusOr<std::vector<std::string>> List();
   // Container `id`'s cgroup, below each hierarchy's root ("/silt-NS/ID").
@@ -118,6 +123,8 @@ class Client {
       const std::string& archive,
       const std::map<std::string, std::string>& record_labels = {});
   // NotFound when there is no such image.
+  // The containerd namespace this client works in.
+  const std::string& Namespace() const;
   absl::StatusOr<Image> GetImage(const std::string& name);
   absl::StatusOr<std::vector<Image>> ListImages();
   // Removes the image; its content and snapshots go with containerd's next
