@@ -31,7 +31,7 @@ __global__ void AddOne(int* data, int n) {
 
 }  // namespace
 
-absl::string_view Backend() { return "cuda"; }
+absl::string_view DiscoveryBackend() { return "cuda"; }
 
 absl::StatusOr<std::vector<DeviceInfo>> ListDevices() {
   int count = 0;

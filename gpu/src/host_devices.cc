@@ -3,7 +3,7 @@
 
 namespace silt::gpu {
 
-absl::string_view Backend() { return "host"; }
+absl::string_view DiscoveryBackend() { return "host"; }
 
 absl::StatusOr<std::vector<DeviceInfo>> ListDevices() {
   return std::vector<DeviceInfo>{};

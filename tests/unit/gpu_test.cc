@@ -6,7 +6,7 @@ namespace {
 
 TEST(GpuTest, ListsDevicesAndRunsKernelOnEach) {
   auto devices = ListDevices();
-  if (Backend() == "host") {
+  if (DiscoveryBackend() == "host") {
     ASSERT_TRUE(devices.ok());
     EXPECT_TRUE(devices->empty());
     EXPECT_EQ(SelfTest(0).code(), absl::StatusCode::kUnimplemented);
@@ -27,7 +27,7 @@ TEST(GpuTest, ListsDevicesAndRunsKernelOnEach) {
 }
 
 TEST(GpuTest, SelfTestOnMissingDeviceFails) {
-  if (Backend() == "host") GTEST_SKIP() << "built without CUDA";
+  if (DiscoveryBackend() == "host") GTEST_SKIP() << "built without CUDA";
   EXPECT_FALSE(SelfTest(1 << 20).ok());
 }
 

@@ -23,8 +23,9 @@ struct DeviceInfo {
   int multiprocessors = 0;
 };
 
-// "cuda" or "host".
-absl::string_view Backend();
+// How ListDevices finds GPUs: "cuda" (the runtime API; built where nvcc
+// was found) or "host" (it finds none).
+absl::string_view DiscoveryBackend();
 
 // The GPUs of this node. The host backend has none. The CUDA backend answers
 // FailedPrecondition when the driver is missing or too old (a machine without a

@@ -44,6 +44,7 @@
 
 #include "silt/abi.h"
 #include "silt/compute.h"
+#include "silt/gpu.h"
 #include "silt/state.h"
 
 namespace silt {
@@ -166,6 +167,12 @@ class Context {
   template <typename T>
   silt::Queue<T> Queue(std::string name, StateOptions options = {}) const {
     return silt::Queue<T>(c_->state, std::move(name), options);
+  }
+
+  // The function's GPU proclet `name` (see silt/gpu.h): device buffers and
+  // kernels placed on a node with a GPU, or run on CPU cores where none is.
+  silt::Gpu Gpu(std::string name = "default") const {
+    return silt::Gpu(c_->state, std::move(name));
   }
 
   // Compute. Each runs fn as compute proclets: the function's invoker splits

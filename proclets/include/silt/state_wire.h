@@ -67,6 +67,10 @@ enum class StateOp : uint8_t {
   // node, u64 elements, u32 shares), u32 m, m x (u64 unix_us, u64 done) |
   // kRetry while it runs | the job's error (its id is then forgotten)
   kJobWait = 41,
+  // A GPU proclet's operation (silt/gpu.h builds them, silt/gpu_wire.h is
+  // their format): the header names the proclet (kind kGpu), then u8 GpuOp
+  // and its arguments. Served by the instance's invoker.
+  kGpu = 50,
 };
 
 enum class JobKind : uint8_t {
@@ -88,7 +92,7 @@ inline constexpr uint64_t kAll = ~uint64_t{0};
 inline constexpr uint64_t kOpenEnd = ~uint64_t{0};
 inline constexpr uint64_t kScanEnd = uint64_t{1} << 32;
 
-enum class StateKind : uint8_t { kMap = 1, kVector = 2, kQueue = 3 };
+enum class StateKind : uint8_t { kMap = 1, kVector = 2, kQueue = 3, kGpu = 4 };
 
 enum class StateCode : uint8_t {
   kOk = 0,

@@ -1,0 +1,71 @@
+// One GPU proclet: a function's named device buffers and loaded modules on
+// one backend, serving silt/gpu_wire.h requests, and its device-independent
+// state (buffers' bytes, modules in both forms, the launch count) taken out
+// and put back in on another backend, which may be another GPU model or the
+// host backend. Requests are served one at a time, so a kExtract always falls
+// between two launches.
+#ifndef SILT_GPU_PROCLET_H_
+#define SILT_GPU_PROCLET_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "gpu/backend.h"
+
+namespace silt::gpu {
+
+struct ProcletOptions {
+  // Bytes of device memory its buffers may hold; 0: the device's.
+  uint64_t memory_limit = 0;
+  // The function's module `name` (its kernels/<name>.ptx and .host.so).
+  // NotFound when the function has none of that name.
+  std::function<absl::StatusOr<ModuleImage>(std::string_view name)> find_module;
+};
+
+class Proclet {
+ public:
+  Proclet(std::unique_ptr<Backend> backend, ProcletOptions options);
+  ~Proclet();
+
+  // One request (GpuOp, its arguments); the reply (StateCode, results).
+  std::string Serve(std::string_view request);
+
+  const Backend& backend() const { return *backend_; }
+  uint64_t memory_used() const { return used_; }
+  uint64_t launches() const { return launches_; }
+
+ private:
+  struct Buffer {
+    DevicePtr ptr = 0;
+    uint64_t bytes = 0;
+  };
+  struct LoadedModule {
+    ModuleImage image;
+    std::unique_ptr<Module> module;
+  };
+
+  absl::StatusOr<std::string> Info();
+  absl::StatusOr<std::string> Alloc(std::string_view name, uint64_t bytes);
+  absl::Status Load(std::string_view name);
+  absl::StatusOr<std::string> Launch(std::string_view args);
+  absl::StatusOr<std::string> Extract();
+  absl::Status Inject(std::string_view state);
+  void Clear();
+
+  std::unique_ptr<Backend> backend_;
+  ProcletOptions options_;
+  std::map<std::string, Buffer, std::less<>> buffers_;
+  std::map<std::string, LoadedModule, std::less<>> modules_;
+  uint64_t used_ = 0;
+  uint64_t launches_ = 0;
+  bool paused_ = false;  // after kExtract, until kInject or kResume
+};
+
+}  // namespace silt::gpu
+
+#endif  // SILT_GPU_PROCLET_H_

@@ -1,0 +1,242 @@
+// A function's GPU piece: a GPU proclet, reached from a handler through its
+// Context. It holds named device buffers and loaded kernels, outlives
+// instances, and is shared by every instance of the function that names it:
+//
+//   auto gpu = ctx.Gpu();                              // the proclet "default"
+//   auto x = gpu.Alloc("x", n * sizeof(float));        // silt::Result<Buffer>
+//   gpu.Write(*x, input);                              // std::vector<float>
+//   auto mod = gpu.Load("saxpy");                      // kernels/saxpy.cu
+//   gpu.Launch(*mod, "saxpy", {(n + 255) / 256}, {256}, 2.0f, *x, *y, n);
+//   auto out = gpu.Read<float>(*y);                    // Result<vector<float>>
+//
+// Kernels are written once in CUDA C++ against silt/gpu_kernel.h; `silt
+// build` compiles each <module>.cu of the handler directory to PTX (loaded by
+// the driver's JIT on whatever GPU the proclet lands on) and to a host
+// library (run on CPU cores where the proclet lives on a node without a GPU).
+// A launch's arguments are values (trivially copyable) or buffers (passed as
+// device pointers; Buffer::At(offset) passes an offset into one). Errors are
+// values; nothing here throws.
+#ifndef SILT_GPU_H_
+#define SILT_GPU_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "silt/gpu_wire.h"
+#include "silt/state.h"
+
+namespace silt {
+
+struct GpuDim {
+  GpuDim(uint32_t x = 1, uint32_t y = 1, uint32_t z = 1) : x(x), y(y), z(z) {}
+  uint32_t x, y, z;
+};
+
+struct GpuInfo {
+  std::string backend;  // "cuda" or "host"
+  std::string device;   // the GPU's model, or the CPU's
+  uint64_t memory_limit = 0, memory_used = 0;
+  uint64_t launches = 0;  // completed so far
+};
+
+// A device buffer of the proclet (by name: it stays where the proclet is).
+struct GpuBuffer {
+  struct Ref {
+    std::string_view name;
+    uint64_t offset;
+  };
+  std::string name;
+  uint64_t bytes = 0;
+  // As a launch argument: the device address `offset` bytes in.
+  Ref At(uint64_t offset) const { return {name, offset}; }
+};
+
+struct GpuModule {
+  std::string name;
+};
+
+class Gpu {
+ public:
+  Gpu(const silt_state_api* api, std::string name)
+      : h_(api, std::move(name), wire::StateKind::kGpu, {}) {}
+
+  const std::string& name() const { return h_.name(); }
+
+  Result<GpuInfo> Info() {
+    std::string body;
+    if (auto s = Run(Begin(wire::GpuOp::kInfo), &body); !s.ok())
+      return Result<GpuInfo>(s.code(), s.message());
+    wire::Reader r(body);
+    std::string_view backend, device;
+    GpuInfo i;
+    if (!r.Str(&backend) || !r.Str(&device) || !r.U64(&i.memory_limit) ||
+        !r.U64(&i.memory_used) || !r.U64(&i.launches))
+      return Result<GpuInfo>(StateCode::kInternal, "bad reply");
+    i.backend = backend;
+    i.device = device;
+    return i;
+  }
+
+  // The buffer `buffer` of `bytes` bytes: created zeroed, or the existing one
+  // (kInvalid if it has another size: Free it first).
+  Result<GpuBuffer> Alloc(std::string buffer, uint64_t bytes) {
+    std::string req = Begin(wire::GpuOp::kAlloc), body;
+    wire::Writer w(&req);
+    w.Str(buffer);
+    w.U64(bytes);
+    if (auto s = Run(req, &body); !s.ok())
+      return Result<GpuBuffer>(s.code(), s.message());
+    return GpuBuffer{std::move(buffer), bytes};
+  }
+  // Whether it existed.
+  Result<bool> Free(std::string_view buffer) {
+    std::string req = Begin(wire::GpuOp::kFree), body;
+    wire::Writer(&req).Str(buffer);
+    if (auto s = Run(req, &body); !s.ok())
+      return Result<bool>(s.code(), s.message());
+    return !body.empty() && body[0] != 0;
+  }
+
+  Status Write(const GpuBuffer& b, uint64_t offset, std::string_view bytes) {
+    do {
+      std::string_view part = bytes.substr(
+          0, std::min<uint64_t>(bytes.size(), wire::kGpuChunkBytes));
+      std::string req = Begin(wire::GpuOp::kWrite), body;
+      wire::Writer w(&req);
+      w.Str(b.name);
+      w.U64(offset);
+      w.Str(part);
+      if (auto s = Run(req, &body); !s.ok()) return s;
+      offset += part.size();
+      bytes.remove_prefix(part.size());
+    } while (!bytes.empty());
+    return Done{};
+  }
+  template <typename T>
+  Status Write(const GpuBuffer& b, const std::vector<T>& values,
+               uint64_t offset = 0) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    return Write(b, offset,
+                 std::string_view(reinterpret_cast<const char*>(values.data()),
+                                  values.size() * sizeof(T)));
+  }
+
+  Result<std::string> Read(const GpuBuffer& b, uint64_t offset,
+                           uint64_t length) {
+    std::string out;
+    while (length > 0) {
+      uint64_t n = std::min(length, wire::kGpuChunkBytes);
+      std::string req = Begin(wire::GpuOp::kRead), body;
+      wire::Writer w(&req);
+      w.Str(b.name);
+      w.U64(offset);
+      w.U64(n);
+      if (auto s = Run(req, &body); !s.ok())
+        return Result<std::string>(s.code(), s.message());
+      wire::Reader r(body);
+      std::string_view part;
+      if (!r.Str(&part) || part.size() != n)
+        return Result<std::string>(StateCode::kInternal, "bad reply");
+      out.append(part);
+      offset += n;
+      length -= n;
+    }
+    return out;
+  }
+  // The whole buffer as values of T.
+  template <typename T>
+  Result<std::vector<T>> Read(const GpuBuffer& b) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    auto bytes = Read(b, 0, b.bytes / sizeof(T) * sizeof(T));
+    if (!bytes.ok())
+      return Result<std::vector<T>>(bytes.code(), bytes.message());
+    std::vector<T> v(bytes->size() / sizeof(T));
+    memcpy(static_cast<void*>(v.data()), bytes->data(), bytes->size());
+    return v;
+  }
+
+  // The kernels of the function's <module>.cu.
+  Result<GpuModule> Load(std::string module) {
+    std::string req = Begin(wire::GpuOp::kLoad), body;
+    wire::Writer(&req).Str(module);
+    if (auto s = Run(req, &body); !s.ok())
+      return Result<GpuModule>(s.code(), s.message());
+    return GpuModule{std::move(module)};
+  }
+
+  // Queues kernel<<<grid, block>>>(args...); returns its launch number.
+  template <typename... Args>
+  Result<uint64_t> Launch(const GpuModule& m, std::string_view kernel,
+                          GpuDim grid, GpuDim block, const Args&... args) {
+    return LaunchShared(m, kernel, grid, block, 0, args...);
+  }
+  // With `shared_bytes` of dynamic shared memory.
+  template <typename... Args>
+  Result<uint64_t> LaunchShared(const GpuModule& m, std::string_view kernel,
+                                GpuDim grid, GpuDim block,
+                                uint32_t shared_bytes, const Args&... args) {
+    static_assert(sizeof...(Args) <= wire::kMaxLaunchArgs);
+    std::string req = Begin(wire::GpuOp::kLaunch), body;
+    wire::Writer w(&req);
+    w.Str(m.name);
+    w.Str(kernel);
+    for (const GpuDim& d : {grid, block}) {
+      w.U32(d.x);
+      w.U32(d.y);
+      w.U32(d.z);
+    }
+    w.U32(shared_bytes);
+    w.U32(static_cast<uint32_t>(sizeof...(Args)));
+    (AppendArg(&w, args), ...);
+    if (auto s = Run(req, &body); !s.ok())
+      return Result<uint64_t>(s.code(), s.message());
+    return internal::DecodeU64(body);
+  }
+
+  // Waits for every launch so far; returns how many have completed.
+  Result<uint64_t> Synchronize() {
+    std::string body;
+    if (auto s = Run(Begin(wire::GpuOp::kSynchronize), &body); !s.ok())
+      return Result<uint64_t>(s.code(), s.message());
+    return internal::DecodeU64(body);
+  }
+
+ private:
+  std::string Begin(wire::GpuOp op) {
+    std::string req = h_.Begin(wire::StateOp::kGpu);
+    wire::Writer(&req).U8(static_cast<uint8_t>(op));
+    return req;
+  }
+  Status Run(const std::string& req, std::string* body) {
+    std::string msg;
+    StateCode c = h_.Run(req, body, &msg);
+    if (c != StateCode::kOk) return Status(c, std::move(msg));
+    return Done{};
+  }
+  static void AppendArg(wire::Writer* w, const GpuBuffer& b) {
+    AppendArg(w, b.At(0));
+  }
+  static void AppendArg(wire::Writer* w, const GpuBuffer::Ref& r) {
+    w->U8(static_cast<uint8_t>(wire::ArgKind::kBuffer));
+    w->Str(r.name);
+    w->U64(r.offset);
+  }
+  template <typename T>
+  static void AppendArg(wire::Writer* w, const T& v) {
+    static_assert(std::is_trivially_copyable_v<T> && !std::is_pointer_v<T>,
+                  "a launch argument is a value or a GpuBuffer: device "
+                  "pointers are made from buffers");
+    w->U8(static_cast<uint8_t>(wire::ArgKind::kValue));
+    w->Str(std::string_view(reinterpret_cast<const char*>(&v), sizeof(T)));
+  }
+
+  internal::StructureHandle h_;
+};
+
+}  // namespace silt
+
+#endif  // SILT_GPU_H_

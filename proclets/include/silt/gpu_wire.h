@@ -1,0 +1,76 @@
+// The wire format of GPU proclet operations, shared by the function SDK
+// (silt/gpu.h), the invoker and silt-gpu-host (the sandboxed process that
+// holds a GPU proclet's device state). Header-only and dependency-free.
+//
+// A request from an instance is a state request (silt/state_wire.h) with op
+// StateOp::kGpu, kind StateKind::kGpu and the proclet's name, then:
+//   u8 GpuOp, the op's arguments.
+// Between the invoker and silt-gpu-host the header is gone: a request is the
+// u8 GpuOp and its arguments. A reply is a StateCode byte, then the op's
+// results, or the error message. Integers little-endian; "str" is a u32
+// length and its bytes (wire::Writer / wire::Reader).
+#ifndef SILT_GPU_WIRE_H_
+#define SILT_GPU_WIRE_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "silt/state_wire.h"
+
+namespace silt::wire {
+
+enum class GpuOp : uint8_t {
+  // -> str backend ("cuda" | "host"), str device, u64 memory_limit,
+  //    u64 memory_used, u64 launches (completed so far)
+  kInfo = 1,
+  // str buffer, u64 bytes -> u64 bytes. Creates the buffer (zeroed) or
+  // returns the one of that name; kInvalid when it exists with another size,
+  // kTooLarge past the proclet's memory limit.
+  kAlloc = 2,
+  kFree = 3,   // str buffer -> u8 existed
+  kWrite = 4,  // str buffer, u64 offset, str bytes
+  kRead = 5,   // str buffer, u64 offset, u64 length -> str bytes
+  // str module: loads the function's kernels/<module>.ptx (a GPU backend) or
+  // kernels/<module>.host.so (the host backend), built by `silt build` from
+  // <module>.cu. Loading a loaded module does nothing.
+  kLoad = 6,
+  // str module, str kernel, u32 grid x y z, u32 block x y z, u32
+  // shared_bytes, u32 n, n x arg -> u64 launch number. An arg is u8
+  // ArgKind, then kValue: str bytes | kBuffer: str buffer, u64 offset.
+  // Launches run in order; a later Read or Synchronize sees their effects.
+  kLaunch = 7,
+  kSynchronize = 8,  // -> u64 launches completed
+  // The invoker's own (refused from instances):
+  // -> the proclet's device-independent state (GpuState below); nothing
+  //    launched after it until kInject or kResume.
+  kExtract = 20,
+  kInject = 21,  // str state: replaces everything held
+  kResume = 22,  // after a kExtract whose move failed
+};
+
+enum class ArgKind : uint8_t { kValue = 1, kBuffer = 2 };
+
+// Most arguments of one launch.
+inline constexpr uint32_t kMaxLaunchArgs = 64;
+// Largest Write or Read of one request (the SDK splits larger ones).
+inline constexpr uint64_t kGpuChunkBytes = 16u << 20;
+
+inline bool IsInvokerOnly(GpuOp op) {
+  return op == GpuOp::kExtract || op == GpuOp::kInject || op == GpuOp::kResume;
+}
+
+// Kernel names: C identifiers (PTX entry names), 1-255 characters.
+inline bool ValidKernelName(std::string_view name) {
+  if (name.empty() || name.size() > 255) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    char c = name[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+              (i > 0 && c >= '0' && c <= '9');
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace silt::wire
+
+#endif  // SILT_GPU_WIRE_H_
