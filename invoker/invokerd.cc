@@ -41,6 +41,10 @@ int main(int argc, char** argv) {
   app.add_option("--containerd", o.containerd,
                  "containerd's socket for OCI images (default: a containerd "
                  "of the invoker's own under the data dir)");
+  app.add_option("--gpu-backend", o.gpu_backend,
+                 "Where GPU proclets run: auto (the node's GPU if it has one, "
+                 "else its CPU cores), cuda, or host (CPU cores)")
+      ->check(CLI::IsMember({"auto", "cuda", "host"}));
   app.add_option("--node-name", o.node_name,
                  "Node name (default: hostname-port)");
   app.add_option("--worker", o.worker_binary,

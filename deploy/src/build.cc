@@ -61,6 +61,97 @@ int RunCapture(const std::vector<std::string>& argv, std::string* out) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
+// nvcc: $NVCC, on PATH, or where the CUDA Toolkit installs it; empty if none.
+std::string FindNvcc() {
+  if (const char* e = std::getenv("NVCC"); e && *e) return e;
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream dirs(path);
+    std::string dir;
+    while (std::getline(dirs, dir, ':'))
+      if (!dir.empty() && access((dir + "/nvcc").c_str(), X_OK) == 0)
+        return dir + "/nvcc";
+  }
+  if (access("/usr/local/cuda/bin/nvcc", X_OK) == 0)
+    return "/usr/local/cuda/bin/nvcc";
+  return {};
+}
+
+// Module names are GPU proclet names too: [a-z0-9._-], from a letter or digit.
+bool ValidModuleName(const std::string& name) {
+  if (name.empty() || name.size() > 63) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    char c = name[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              (i > 0 && (c == '-' || c == '_' || c == '.'));
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Each <module>.cu of a C++ function, built twice (silt/gpu_kernel.h): to
+// PTX with nvcc, which the CUDA backend loads on any GPU model, and to a host
+// library, which the host backend runs on CPU cores. Both go into the bundle
+// as kernels/<module>.ptx and kernels/<module>.host.so.
+absl::Status BuildKernels(const std::string& fn_name,
+                          const std::vector<std::string>& kernels,
+                          const std::string& sdk, const fs::path& handler,
+                          const fs::path& out_dir,
+                          std::vector<proclets::BundleFile>* files,
+                          std::string* log) {
+  if (kernels.empty()) return absl::OkStatus();
+  const std::string nvcc = FindNvcc();
+  if (nvcc.empty() && log)
+    *log +=
+        "no nvcc (install the CUDA Toolkit or set NVCC): the kernels run "
+        "only on nodes' CPU cores (the host backend)\n";
+  fs::create_directories(out_dir / "kernels");
+  const char* cxx = std::getenv("CXX");
+  for (const auto& source : kernels) {
+    const std::string module = fs::path(source).stem().string();
+    if (!ValidModuleName(module))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "function ", fn_name, ": kernel file ", source,
+          ": name it <module>.cu with <module> of [a-z0-9._-] (it names the "
+          "module in ctx.Gpu().Load)"));
+    struct Output {
+      std::string suffix;
+      std::vector<std::string> argv;
+    };
+    std::vector<Output> outputs;
+    const std::string host =
+        (out_dir / "kernels" / (module + ".host.so")).string();
+    outputs.push_back(
+        {".host.so",
+         {cxx && *cxx ? cxx : "c++", "-std=c++20", "-O2", "-fPIC", "-shared",
+          "-fvisibility=hidden", "-x", "c++", "-I" + sdk,
+          "-I" + handler.string(), "-o", host, source}});
+    if (!nvcc.empty()) {
+      const std::string ptx =
+          (out_dir / "kernels" / (module + ".ptx")).string();
+      // PTX for compute capability 7.5 and up: the driver JIT-compiles it
+      // for whatever GPU the proclet lands on.
+      outputs.push_back({".ptx",
+                         {nvcc, "-ptx", "-arch=compute_75", "-O3", "-I" + sdk,
+                          "-I" + handler.string(), "-o", ptx, source}});
+    }
+    for (const auto& o : outputs) {
+      if (log) *log += absl::StrJoin(o.argv, " ") + "\n";
+      std::string output;
+      int rc = RunCapture(o.argv, &output);
+      if (log) *log += output;
+      if (rc != 0)
+        return absl::InvalidArgumentError(
+            absl::StrCat("compiling the kernels of ", fn_name, " (", source,
+                         ") failed (exit ", rc, "):\n", output));
+      auto content = ReadFile(o.argv[o.argv.size() - 2]);
+      if (!content.ok()) return content.status();
+      files->push_back(
+          {"kernels/" + module + o.suffix, *std::move(content), 0644u});
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string BundlePath(const std::string& stack_dir, const StackFunction& fn) {
@@ -103,15 +194,18 @@ absl::StatusOr<BuiltBundle> BuildFunction(const std::string& stack_dir,
   // Every regular file of the handler directory travels in the bundle (sources
   // excepted for C++, which become handler.so).
   std::vector<proclets::BundleFile> files;
-  std::vector<std::string> sources;
+  std::vector<std::string> sources, kernels;
   for (auto it = fs::recursive_directory_iterator(handler);
        it != fs::recursive_directory_iterator(); ++it) {
     if (!it->is_regular_file()) continue;
     std::string rel = fs::relative(it->path(), handler).string();
     if (absl::StartsWith(rel, "build/") || absl::StartsWith(rel, ".")) continue;
     if (lang == "cpp" &&
-        (IsCppSource(it->path()) || it->path().extension() == ".h")) {
+        (IsCppSource(it->path()) || it->path().extension() == ".h" ||
+         it->path().extension() == ".cu" || it->path().extension() == ".cuh")) {
       if (IsCppSource(it->path())) sources.push_back(it->path().string());
+      if (it->path().extension() == ".cu")
+        kernels.push_back(it->path().string());
       continue;
     }
     auto content = ReadFile(it->path());
@@ -157,6 +251,11 @@ absl::StatusOr<BuiltBundle> BuildFunction(const std::string& stack_dir,
     auto content = ReadFile(so);
     if (!content.ok()) return content.status();
     files.push_back({"handler.so", *std::move(content), 0755});
+    std::sort(kernels.begin(), kernels.end());
+    if (auto s =
+            BuildKernels(fn.name, kernels, *sdk, handler, out_dir, &files, log);
+        !s.ok())
+      return s;
     m.kind = "native";
     m.abi = SILT_ABI_VERSION;
     m.entry = "handler.so";

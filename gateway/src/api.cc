@@ -498,6 +498,14 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
     return absl::InvalidArgumentError(absl::StrCat(
         "label com.silt.concurrency=", **concurrency, " must be from 1 to ",
         SILT_MAX_CONCURRENCY, " (calls an instance takes at once)"));
+  if (d->labels)
+    if (auto it = d->labels->find("com.silt.gpu.max-memory");
+        it != d->labels->end())
+      if (auto m = ParseMemoryQuantity(it->second); !m.ok() || *m == 0)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "label com.silt.gpu.max-memory=", it->second,
+            " is not a memory quantity (e.g. 512Mi, 2Gi): the device memory "
+            "each of the function's GPU proclets may hold"));
   for (const auto& secret : d->secrets) {
     auto s = store_->FindSecret(*ns, secret);
     if (absl::IsNotFound(s))

@@ -38,6 +38,10 @@ auto NodeRegistry::Impl::BuildFn(const store::FunctionRecord& rec)
       fn->pinned = true;
       fn->only_nodes.push_back(it->second);
     }
+    if (auto it = d->labels->find("com.silt.gpu.max-memory");
+        it != d->labels->end())
+      if (auto m = ParseMemoryQuantity(it->second); m.ok())
+        s.set_gpu_memory_limit_bytes(*m);
     if (auto it = d->labels->find("com.silt.rebalance");
         it != d->labels->end() && it->second == "false")
       fn->rebalance = false;

@@ -128,6 +128,38 @@ absl::Status PrepareProcess() {
 Invoker::Invoker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Invoker::~Invoker() = default;
 
+// GPU proclets run sandboxed like the function's instances, with its bundle
+// (the kernels' PTX and host builds) and its uid.
+GpuProcletsOptions Invoker::Impl::GpuProcletsHere() {
+  Impl* p = this;
+  GpuProcletsOptions o;
+  o.data_dir = p->options.data_dir;
+  o.root_dir = p->root_skeleton;
+  o.dev_dir = p->dev_dir;
+  o.worker_dir = p->worker_dir;
+  o.cgroup_prefix = "silt/" + p->cgroup_id;
+  o.backend = p->options.gpu_backend;
+  o.function = [p](const std::string& ns, const std::string& function)
+      -> absl::StatusOr<GpuProcletsOptions::FunctionInfo> {
+    std::lock_guard<std::mutex> lock(p->mu);
+    for (const auto& [key, pool] : p->pools) {
+      if (pool->spec.namespace_() != ns || pool->spec.name() != function)
+        continue;
+      if (pool->bundle == nullptr || pool->bundle->dir.empty()) break;
+      GpuProcletsOptions::FunctionInfo info;
+      info.bundle_dir = pool->bundle->dir;
+      info.memory_limit = pool->spec.gpu_memory_limit_bytes();
+      info.host_id = HostIdOf(ns, function);
+      return info;
+    }
+    return absl::NotFoundError(absl::StrCat(
+        "function ", function, " (namespace ", ns,
+        ") has no bundle on this node: only bundle functions have GPU "
+        "proclets"));
+  };
+  return o;
+}
+
 absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     const Options& options) {
   if (options.data_dir.empty())
@@ -174,6 +206,24 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
         "cannot copy silt-worker into ", impl->worker_dir, ": ", ec.message()));
   }
   chmod(impl->worker_dir.c_str(), 0755);
+  // silt-gpu-host (installed next to silt-worker) runs GPU proclets.
+  {
+    std::string gpu_host =
+        (std::filesystem::path(impl->options.worker_binary).parent_path() /
+         "silt-gpu-host")
+            .string();
+    std::error_code gec;
+    std::filesystem::copy_file(
+        gpu_host, impl->worker_dir + "/silt-gpu-host.tmp",
+        std::filesystem::copy_options::overwrite_existing, gec);
+    if (!gec)
+      std::filesystem::rename(impl->worker_dir + "/silt-gpu-host.tmp",
+                              impl->worker_dir + "/silt-gpu-host", gec);
+    if (gec)
+      fprintf(stderr,
+              "silt-invoker: no GPU proclets here (silt-gpu-host: %s)\n",
+              gec.message().c_str());
+  }
   // silt-restorer (installed next to silt-worker) restores most images
   // without CRIU; without it every restore is CRIU's.
   std::string restorer =
@@ -237,6 +287,12 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
       if (!p->executor)
         return Error(wire::StateCode::kUnavailable, "the node is starting");
       return p->executor->Handle(ns, function, req);
+    };
+    po.gpu = [p](const std::string& ns, const std::string& function,
+                 std::string_view req) {
+      if (!p->gpu_proclets)
+        return Error(wire::StateCode::kUnavailable, "the node is starting");
+      return p->gpu_proclets->Serve(ns, function, req);
     };
     auto host = ProcletHost::Start(std::move(po));
     if (!host.ok()) return host.status();
@@ -337,6 +393,7 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
     fprintf(stderr, "silt-invoker: no instance can start: %s\n",
             std::string(s.message()).c_str());
   }
+  impl->gpu_proclets = std::make_unique<GpuProclets>(impl->GpuProcletsHere());
   if (options.snapshots) {
     auto v = snapshot::CriuVersion();
     if (v.ok()) {

@@ -38,6 +38,11 @@ void Invoker::Impl::ApplyAssignment(const control::Assignment& a) {
     }
     have_assignment = true;
   }
+  // A function gone from this node takes its GPU proclets (their buffers)
+  // with it.
+  if (gpu_proclets)
+    for (const auto& pool : gone)
+      gpu_proclets->DropFunction(pool->spec.namespace_(), pool->spec.name());
   // Snapshots of versions that no longer exist go.
   std::set<std::string> ids;
   for (const auto& spec : a.functions()) ids.insert(SnapshotIdOf(spec));

@@ -62,6 +62,7 @@
 #include "load_pulse.h"
 #include "logs.h"
 #include "node_cgroup.h"
+#include "gpu_proclets.h"
 #include "proclet_host.h"
 #include "proclets/bundle.h"
 #include "random_id.h"
@@ -286,6 +287,9 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // Compute jobs of the instances here, and the cluster they run on.
   ClusterView cluster;
   std::unique_ptr<Executor> executor;
+  // The GPU proclets hosted here (one sandboxed process each).
+  std::unique_ptr<GpuProclets> gpu_proclets;
+  GpuProcletsOptions GpuProcletsHere();
   std::unique_ptr<SeccompLog> seccomp_log;  // null without /dev/kmsg
 
   // One pool per function version.

@@ -72,10 +72,17 @@ absl::StatusOr<std::unique_ptr<ProcletHost>> ProcletHost::Start(
   backend.fast = [router](const std::string& ns, std::string_view req) {
     return router->Fast(ns, req);
   };
-  backend.slow = [router, jobs = std::move(options.jobs)](
-                     const std::string& ns, const std::string& function,
-                     std::string_view req) {
+  backend.slow = [router, jobs = std::move(options.jobs),
+                  gpu = std::move(options.gpu)](const std::string& ns,
+                                                const std::string& function,
+                                                std::string_view req) {
     try {
+      if (!req.empty() && req[0] == static_cast<char>(wire::StateOp::kGpu)) {
+        if (!gpu)
+          return Error(StateCode::kUnavailable,
+                       "this node hosts no GPU proclets");
+        return gpu(ns, function, req);
+      }
       if (!req.empty() &&
           (req[0] == static_cast<char>(wire::StateOp::kJobStart) ||
            req[0] == static_cast<char>(wire::StateOp::kJobWait))) {

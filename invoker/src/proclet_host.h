@@ -49,6 +49,11 @@ struct ProcletHostOptions {
   std::function<std::string(const std::string& ns, const std::string& function,
                             std::string_view request)>
       jobs;
+  // Serves an instance's GPU proclet request (op kGpu); may block. Empty:
+  // they fail as unavailable.
+  std::function<std::string(const std::string& ns, const std::string& function,
+                            std::string_view request)>
+      gpu;
 };
 
 class ProcletHost {

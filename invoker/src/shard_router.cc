@@ -414,6 +414,7 @@ std::string ShardRouter::HandleInstance(const std::string& ns,
     case StateOp::kShareRing:
     case StateOp::kJobStart:  // the executor serves these
     case StateOp::kJobWait:
+    case StateOp::kGpu:
       break;
   }
   return Error(StateCode::kInvalid,

@@ -51,6 +51,9 @@ struct Options {
   // runs its own under DATA_DIR/containerd when the first image comes.
   std::string containerd;
   uint64_t memory_bytes = 0;
+  // Where GPU proclets run: "auto" (the node's GPU where it has one, else
+  // its CPU cores), "cuda" or "host" (CPU cores: the host backend).
+  std::string gpu_backend = "auto";
 };
 
 // Call first thing in main, while the process has one thread: gives the

@@ -1,0 +1,116 @@
+// silt-gpu-host: one GPU proclet's process. The invoker starts it in a
+// sandbox (the function's own uid, cgroup and seccomp filter, its bundle
+// read-only at /var/silt/bundle), so a GPU context, or kernels run on the
+// host backend, are isolated from every other function's. On fd 3 it serves
+// gpu::Proclet requests (silt/gpu_wire.h, no state header) in order, each
+// frame a u64 length and its bytes, until the invoker closes the channel.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include "gpu/backend.h"
+#include "gpu/proclet.h"
+
+namespace {
+
+bool ReadFull(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool WriteFull(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// nullopt-like: false when the file is absent.
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+std::string_view Flag(int argc, char** argv, std::string_view name) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a.size() > name.size() + 3 && a.substr(0, 2) == "--" &&
+        a.substr(2, name.size()) == name && a[2 + name.size()] == '=')
+      return a.substr(name.size() + 3);
+  }
+  return {};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace silt::gpu;
+  const std::string backend_flag(Flag(argc, argv, "backend"));
+  const std::string bundle(Flag(argc, argv, "bundle"));
+  const uint64_t limit = strtoull(
+      std::string(Flag(argc, argv, "memory-limit")).c_str(), nullptr, 10);
+  std::unique_ptr<Backend> backend;
+  if (backend_flag == "cuda" ||
+      (backend_flag == "auto" && CudaDeviceCount() > 0)) {
+    auto b = MakeCudaBackend(0);
+    if (!b.ok()) {
+      fprintf(stderr, "silt-gpu-host: %s\n",
+              std::string(b.status().message()).c_str());
+      return 2;
+    }
+    backend = *std::move(b);
+  } else {
+    backend = MakeHostBackend();
+  }
+  ProcletOptions options;
+  options.memory_limit = limit;
+  options.find_module =
+      [bundle](std::string_view name) -> absl::StatusOr<ModuleImage> {
+    ModuleImage m;
+    std::string base = bundle + "/kernels/" + std::string(name);
+    bool ptx = ReadFile(base + ".ptx", &m.ptx);
+    bool host = ReadFile(base + ".host.so", &m.host_library);
+    if (!ptx && !host)
+      return absl::NotFoundError(
+          "the function has no module " + std::string(name) + " (no " +
+          std::string(name) +
+          ".cu in its handler directory when it was built)");
+    return m;
+  };
+  Proclet proclet(std::move(backend), std::move(options));
+  constexpr int kChannel = 3;
+  for (;;) {
+    uint64_t n;
+    if (!ReadFull(kChannel, &n, sizeof(n))) return 0;  // the invoker is done
+    std::string request(n, '\0');
+    if (!ReadFull(kChannel, request.data(), n)) return 0;
+    std::string reply = proclet.Serve(request);
+    uint64_t m = reply.size();
+    if (!WriteFull(kChannel, &m, sizeof(m)) ||
+        !WriteFull(kChannel, reply.data(), reply.size()))
+      return 0;
+  }
+}
