@@ -1,17 +1,16 @@
 // silt-gpu-host: one GPU proclet's process. The invoker starts it in a
-// sandbox (the function's own uid, cgroup and seccomp filter, its bundle
-// read-only at /var/silt/bundle), so a GPU context, or kernels run on the
-// host backend, are isolated from every other function's. On fd 3 it serves
-// gpu::Proclet requests (silt/gpu_wire.h, no state header) in order, each
-// frame a u64 length and its bytes, until the invoker closes the channel.
+// sandbox (the function's own uid, a cgroup and seccomp filter, none of the
+// function's files: modules come as bytes, kLoadImage), so a GPU context,
+// or kernels run on the host backend, are isolated from every other
+// function's. On fd 3 it serves gpu::Proclet requests (silt/gpu_wire.h, no
+// state header) in order, each frame a u64 length and its bytes, until the
+// invoker closes the channel.
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <string_view>
 
@@ -44,16 +43,6 @@ bool WriteFull(int fd, const void* p, size_t n) {
   return true;
 }
 
-// nullopt-like: false when the file is absent.
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
-}
-
 std::string_view Flag(int argc, char** argv, std::string_view name) {
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -69,7 +58,6 @@ std::string_view Flag(int argc, char** argv, std::string_view name) {
 int main(int argc, char** argv) {
   using namespace silt::gpu;
   const std::string backend_flag(Flag(argc, argv, "backend"));
-  const std::string bundle(Flag(argc, argv, "bundle"));
   const uint64_t limit = strtoull(
       std::string(Flag(argc, argv, "memory-limit")).c_str(), nullptr, 10);
   std::unique_ptr<Backend> backend;
@@ -87,19 +75,6 @@ int main(int argc, char** argv) {
   }
   ProcletOptions options;
   options.memory_limit = limit;
-  options.find_module =
-      [bundle](std::string_view name) -> absl::StatusOr<ModuleImage> {
-    ModuleImage m;
-    std::string base = bundle + "/kernels/" + std::string(name);
-    bool ptx = ReadFile(base + ".ptx", &m.ptx);
-    bool host = ReadFile(base + ".host.so", &m.host_library);
-    if (!ptx && !host)
-      return absl::NotFoundError(
-          "the function has no module " + std::string(name) + " (no " +
-          std::string(name) +
-          ".cu in its handler directory when it was built)");
-    return m;
-  };
   Proclet proclet(std::move(backend), std::move(options));
   constexpr int kChannel = 3;
   for (;;) {

@@ -29,6 +29,7 @@
 #include "deploy/config.h"
 #include "deploy/http_client.h"
 #include "deploy/stack.h"
+#include "gpu_cmd.h"
 #include "image_cmd.h"
 #include "nlohmann/json.hpp"
 #include "silt/version.h"
@@ -1176,7 +1177,7 @@ int RunCli(int argc, char** argv) {
   gw_opt(node_drain);
   node_drain->add_option("NAME", name, "Node name")->required();
   auto* proclets_cmd =
-      app.add_subcommand("proclets", "List and move memory proclets");
+      app.add_subcommand("proclets", "List and move memory and GPU proclets");
   proclets_cmd->require_subcommand(1);
   auto* pl_list = proclets_cmd->add_subcommand("list", "List proclets");
   pl_list->alias("ls");
@@ -1192,6 +1193,12 @@ int RunCli(int argc, char** argv) {
   pl_migrate->add_option("ID", name, "Proclet id (silt proclets list)")
       ->required();
   pl_migrate->add_option("--to", target_node, "Target node")->required();
+  std::string target_backend;
+  pl_migrate
+      ->add_option("--backend", target_backend,
+                   "A GPU proclet's backend there: cuda (its GPU) or host "
+                   "(its CPU cores); default: its GPU if it has one")
+      ->check(CLI::IsMember({"cuda", "host"}));
   auto* state_cmd = app.add_subcommand(
       "state", "Inspect and delete function state (maps, vectors, queues)");
   state_cmd->require_subcommand(1);
@@ -1379,6 +1386,24 @@ int RunCli(int argc, char** argv) {
   gw_opt(im_remove);
   im_remove->add_option("IMAGE", image_names, "Image names")->required();
 
+  // gpu
+  auto* gpu_cmd = app.add_subcommand(
+      "gpu", "The nodes' GPUs and GPU proclets; reclaim a node's GPU");
+  gpu_cmd->require_subcommand(1);
+  auto* gpu_list =
+      gpu_cmd->add_subcommand("list",
+                              "GPUs, what is allocated on them, and "
+                              "the GPU proclets");
+  gpu_list->alias("ls");
+  gw_opt(gpu_list);
+  gpu_list->add_option("-o,--output", output, "table or json");
+  auto* gpu_reclaim = gpu_cmd->add_subcommand(
+      "reclaim",
+      "Move every GPU proclet off a node's GPU (to another GPU with room, "
+      "else onto that node's CPU cores)");
+  gw_opt(gpu_reclaim);
+  gpu_reclaim->add_option("NODE", name, "Node name")->required();
+
   // local
   LocalOptions local_opts;
   auto* local = app.add_subcommand(
@@ -1450,9 +1475,17 @@ int RunCli(int argc, char** argv) {
     } else if (*proclets_cmd) {
       Client c{ResolveGateway(gateway), token};
       if (*pl_list) ProcletsList(c, ns, function_filter, output);
-      if (*pl_migrate)
+      if (*pl_migrate) {
+        json body{{"node", target_node}};
+        if (!target_backend.empty()) body["backend"] = target_backend;
         PostAndPrint(c, "/system/proclets/" + UrlEncode(name) + "/migrate",
-                     json{{"node", target_node}}.dump(), PrintMigration);
+                     body.dump(), [](const json& m) {
+                       if (m.value("kind", "") == "gpu")
+                         PrintGpuMove(m);
+                       else
+                         PrintMigration(m);
+                     });
+      }
     } else if (*state_cmd) {
       Client c{ResolveGateway(gateway), token};
       if (*st_list) StateList(c, ns, output);
@@ -1695,6 +1728,14 @@ int RunCli(int argc, char** argv) {
       if (*im_import) return ImageImport(send, image_file, !image_no_wait);
       if (*im_list) return ImageList(send, output);
       if (*im_remove) return ImageRemove(send, image_names);
+    } else if (*gpu_cmd) {
+      Client c{ResolveGateway(gateway), token};
+      Requester send = [&c](const std::string& m, const std::string& path,
+                            const std::string& body) {
+        return c.Call(m, path, body, true, std::chrono::minutes(10));
+      };
+      if (*gpu_list) return GpuList(send, output);
+      if (*gpu_reclaim) return GpuReclaim(send, name);
     } else if (*local) {
       return Local(local_opts);
     }

@@ -366,6 +366,18 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
     if (m == "POST") return MigrateProclet(req, arg.substr(0, arg.size() - 8));
     return MethodNotAllowed();
   }
+  if (head == "gpu" && !has_arg) {
+    route = "/system/gpu";
+    SILT_AUTH();
+    if (m == "GET") return ListGpus();
+    return MethodNotAllowed();
+  }
+  if (head == "gpu" && has_arg && absl::EndsWith(arg, "/reclaim")) {
+    route = "/system/gpu/{node}/reclaim";
+    SILT_AUTH();
+    if (m == "POST") return ReclaimGpu(arg.substr(0, arg.size() - 8));
+    return MethodNotAllowed();
+  }
   if (head == "state") {
     route = has_arg ? "/system/state/{name}" : "/system/state";
     SILT_AUTH();
@@ -587,6 +599,7 @@ absl::StatusOr<HttpResponse> Api::DeleteFunction(const HttpRequest& req) {
   batch.DeleteFunction(*ns, name);
   if (auto s = store_->Write(batch); !s.ok()) return s;
   nodes_->FunctionsChanged();
+  nodes_->gpu_directory()->DropFunction(*ns, name);
   return HttpResponse::Empty(200);
 }
 
@@ -760,6 +773,7 @@ absl::StatusOr<HttpResponse> Api::Namespace(const HttpRequest& req,
     batch.DeleteNamespace(name);
     if (auto s = store_->Write(batch); !s.ok()) return s;
     nodes_->directory()->DeleteNamespace(std::string(name));
+    nodes_->gpu_directory()->DropFunction(std::string(name), "");
     nodes_->FunctionsChanged();
     nodes_->FunctionsChanged();
     return HttpResponse::Empty(202);

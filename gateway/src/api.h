@@ -109,6 +109,11 @@ class Api {
                                                absl::string_view name);
   // State and memory proclets (api_state.cc).
   absl::StatusOr<HttpResponse> ListProclets(const HttpRequest& req);
+  // GPU proclets (api_gpu.cc): moves, and /system/gpu.
+  absl::StatusOr<HttpResponse> MigrateGpuProclet(const HttpRequest& req,
+                                                 absl::string_view id);
+  absl::StatusOr<HttpResponse> ListGpus();
+  absl::StatusOr<HttpResponse> ReclaimGpu(absl::string_view node);
   absl::StatusOr<HttpResponse> MigrateProclet(const HttpRequest& req,
                                               absl::string_view id);
   absl::StatusOr<HttpResponse> GetState(const HttpRequest& req,

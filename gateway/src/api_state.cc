@@ -6,9 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "api.h"
 #include "directory.h"
+#include "gpu_directory.h"
 #include "silt/state_wire.h"
 
 namespace silt::gateway {
+
+nlohmann::ordered_json GpuProcletJson(const GpuProcletView& g);  // api_gpu.cc
+
 namespace {
 
 using nlohmann::ordered_json;
@@ -75,11 +79,16 @@ absl::StatusOr<HttpResponse> Api::ListProclets(const HttpRequest& req) {
       continue;
     for (const auto& s : v.shards) out.push_back(ShardJson(s));
   }
+  for (const auto& g : nodes_->gpu_directory()->List(ns))
+    if (function.empty() || g.function == function)
+      out.push_back(GpuProcletJson(g));
   return HttpResponse::Json(200, JsonText(out));
 }
 
 absl::StatusOr<HttpResponse> Api::MigrateProclet(const HttpRequest& req,
                                                  absl::string_view id_text) {
+  if (GpuDirectory::IsGpuId(std::string(id_text)))
+    return MigrateGpuProclet(req, id_text);
   uint64_t id;
   if (!absl::SimpleAtoi(id_text, &id))
     return absl::InvalidArgumentError(

@@ -90,6 +90,8 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
       store, options.directory, [p] { return p->DirectoryNodes(); }, metrics);
   if (!dir.ok()) return dir.status();
   impl->directory = *std::move(dir);
+  impl->gpu_directory =
+      std::make_unique<GpuDirectory>([p] { return p->GpuNodes(); });
   Rebalancer::Hooks hooks;
   hooks.nodes = [p] { return p->LoadViews(); };
   hooks.set_hot = [p](const std::string& n, bool hot) {
@@ -105,6 +107,9 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
 std::string NodeRegistry::address() const { return impl_->address; }
 
 Directory* NodeRegistry::directory() { return impl_->directory.get(); }
+GpuDirectory* NodeRegistry::gpu_directory() {
+  return impl_->gpu_directory.get();
+}
 
 std::set<std::string> NodeRegistry::ImagesChanged() {
   return impl_->SendImageSet();

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "bundles.h"
 #include "directory.h"
+#include "gpu_directory.h"
 #include "http_types.h"
 #include "images.h"
 #include "invoker/call_wire.h"
@@ -146,6 +147,8 @@ class NodeRegistry {
   std::string address() const;
   // The proclet directory (owned here: it places shards on these nodes).
   Directory* directory();
+  // Where GPU proclets are (placement, moves).
+  GpuDirectory* gpu_directory();
   // The function table changed (deploy, update, delete, scale, secret): rebuild
   // the specs and send every node its new assignment.
   void FunctionsChanged();

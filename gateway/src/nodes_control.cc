@@ -177,6 +177,8 @@ grpc::Status NodeRegistry::Impl::Connect(
   node->address = reg.address();
   node->cores = reg.capacity().cores();
   node->gpus = reg.capacity().gpus();
+  node->gpu_memory = reg.capacity().gpu_memory_bytes();
+  node->gpu_model = reg.capacity().gpu_model();
   node->memory = reg.capacity().memory_bytes();
   node->data_address = reg.data_address();
   node->ctx = ctx;
@@ -257,6 +259,22 @@ grpc::Status NodeRegistry::Impl::Connect(
       held.push_back({sh.id(), sh.bytes(), sh.count(), sh.epoch(), sh.lo(),
                       sh.hi(), sh.namespace_(), sh.structure()});
     directory->Report(node->name, node->data_address, held);
+    {
+      std::vector<GpuProcletView> gpu;
+      for (const auto& g : m.report().gpu_proclets()) {
+        GpuProcletView v;
+        v.ns = g.namespace_();
+        v.function = g.function();
+        v.name = g.name();
+        v.backend = g.backend();
+        v.device = g.device();
+        v.memory_used = g.memory_used();
+        v.memory_limit = g.memory_limit();
+        v.launches = g.launches();
+        gpu.push_back(std::move(v));
+      }
+      gpu_directory->Report(node->name, std::move(gpu));
+    }
     std::unique_lock<std::mutex> l(mu);
     if (metrics) {
       // Cumulative on the node; a smaller count is a restarted count.
@@ -289,7 +307,10 @@ grpc::Status NodeRegistry::Impl::Connect(
       gone = true;
     }
   }
-  if (gone) directory->NodeGone(node->name);
+  if (gone) {
+    directory->NodeGone(node->name);
+    gpu_directory->NodeGone(node->name);
+  }
   if (gone && images) images->NodeGone(node->name);
   {
     std::lock_guard<std::mutex> w(node->write_mu);
@@ -443,6 +464,36 @@ std::vector<DirectoryNode> NodeRegistry::Impl::DirectoryNodes() {
                    node->memory_used, node->channel, node->leaving});
   }
   return out;
+}
+
+std::vector<GpuNode> NodeRegistry::Impl::GpuNodes() {
+  std::lock_guard<std::mutex> l(mu);
+  std::vector<GpuNode> out;
+  for (auto& [n, node] : nodes) {
+    if (node->data_address.empty()) continue;
+    out.push_back({node->name, node->data_address, node->gpus, node->gpu_memory,
+                   node->gpu_model, node->channel, node->leaving});
+  }
+  return out;
+}
+
+grpc::Status NodeRegistry::Impl::OpenGpuProclet(
+    grpc::ServerContext*, const control::OpenGpuProcletRequest* req,
+    control::GpuProcletLocation* res) {
+  auto v = gpu_directory->Open(req->namespace_(), req->function(), req->name(),
+                               req->memory_limit(), req->node());
+  if (!v.ok())
+    return grpc::Status(static_cast<grpc::StatusCode>(v.status().code()),
+                        std::string(v.status().message()));
+  res->set_id(v->id);
+  res->set_node(v->node);
+  std::lock_guard<std::mutex> l(mu);
+  auto it = nodes.find(v->node);
+  if (it == nodes.end())
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the GPU proclet's node just left");
+  res->set_data_address(it->second->data_address);
+  return grpc::Status::OK;
 }
 
 grpc::Status NodeRegistry::Impl::FindSnapshot(

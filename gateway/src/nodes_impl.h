@@ -27,6 +27,7 @@
 #include "absl/strings/str_replace.h"
 #include "call_client.h"
 #include "gateway/proto/control.grpc.pb.h"
+#include "gpu_directory.h"
 #include "invoker/call_wire.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "log_ring.h"
@@ -114,6 +115,8 @@ struct NodeRegistry::Impl final : public control::Control::Service {
     std::string name, address;
     uint64_t session = 0;
     uint32_t cores = 0, gpus = 0;
+    uint64_t gpu_memory = 0;  // the first GPU's
+    std::string gpu_model;
     uint64_t memory = 0, memory_used = 0;
     std::string data_address;
     uint64_t shard_bytes = 0;
@@ -154,6 +157,7 @@ struct NodeRegistry::Impl final : public control::Control::Service {
   std::string data_key;
   std::unique_ptr<Directory> directory;
   std::unique_ptr<Rebalancer> rebalancer;  // after directory: stops first
+  std::unique_ptr<GpuDirectory> gpu_directory;
 
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Node>> nodes;    // by name
@@ -242,6 +246,10 @@ struct NodeRegistry::Impl final : public control::Control::Service {
 
   // Live nodes for the directory.
   std::vector<DirectoryNode> DirectoryNodes();
+  std::vector<GpuNode> GpuNodes();
+  grpc::Status OpenGpuProclet(grpc::ServerContext*,
+                              const control::OpenGpuProcletRequest* req,
+                              control::GpuProcletLocation* res) override;
 
   grpc::Status FindSnapshot(grpc::ServerContext*,
                             const control::FindSnapshotRequest* req,

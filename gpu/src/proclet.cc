@@ -147,6 +147,16 @@ std::string Proclet::Serve(std::string_view request) {
       auto s = Load(name);
       return s.ok() ? Reply(StateCode::kOk) : Reply(s);
     }
+    case GpuOp::kLoadImage: {
+      std::string_view name, ptx, host;
+      if (!r.Str(&name) || !r.Str(&ptx) || !r.Str(&host))
+        return Reply(Malformed("LoadImage"));
+      ModuleImage image;
+      image.ptx = ptx;
+      image.host_library = host;
+      auto s = LoadImage(name, std::move(image));
+      return s.ok() ? Reply(StateCode::kOk) : Reply(s);
+    }
     case GpuOp::kLaunch: {
       auto out = Launch(r.rest());
       return out.ok() ? Reply(StateCode::kOk, *out) : Reply(out.status());
@@ -221,13 +231,22 @@ absl::Status Proclet::Load(std::string_view name) {
         absl::StrCat("module name \"", Sv(name), "\" is not a valid name"));
   if (modules_.count(name)) return absl::OkStatus();
   if (!options_.find_module)
-    return absl::NotFoundError("this GPU proclet has no function's modules");
+    return absl::NotFoundError(
+        absl::StrCat("module ", Sv(name), " is not loaded here"));
   auto image = options_.find_module(name);
   if (!image.ok()) return image.status();
-  auto module = backend_->Load(*image);
+  return LoadImage(name, *std::move(image));
+}
+
+absl::Status Proclet::LoadImage(std::string_view name, ModuleImage image) {
+  if (!wire::ValidStructureName(name))
+    return absl::InvalidArgumentError(
+        absl::StrCat("module name \"", Sv(name), "\" is not a valid name"));
+  if (modules_.count(name)) return absl::OkStatus();
+  auto module = backend_->Load(image);
   if (!module.ok()) return module.status();
   modules_.emplace(std::string(name),
-                   LoadedModule{*std::move(image), *std::move(module)});
+                   LoadedModule{std::move(image), *std::move(module)});
   return absl::OkStatus();
 }
 

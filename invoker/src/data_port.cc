@@ -68,9 +68,9 @@ absl::Status Install(ShardTable& shards, const pv1::ShardInfo& info,
 
 absl::StatusOr<std::unique_ptr<DataPort>> DataPort::Listen(
     const std::string& data_listen, ShardTable& shards, const DataKey& key,
-    TaskRunner run_task) {
+    TaskRunner run_task, GpuPeerHandlers gpu) {
   std::unique_ptr<DataPort> port(
-      new DataPort(shards, key, std::move(run_task)));
+      new DataPort(shards, key, std::move(run_task), std::move(gpu)));
   auto server = ConnServer::Listen(
       data_listen, [p = port.get()](int fd) { p->ServePeer(fd); });
   if (!server.ok()) return server.status();
@@ -78,8 +78,12 @@ absl::StatusOr<std::unique_ptr<DataPort>> DataPort::Listen(
   return port;
 }
 
-DataPort::DataPort(ShardTable& shards, const DataKey& key, TaskRunner run_task)
-    : shards_(shards), key_(key), run_task_(std::move(run_task)) {}
+DataPort::DataPort(ShardTable& shards, const DataKey& key, TaskRunner run_task,
+                   GpuPeerHandlers gpu)
+    : shards_(shards),
+      key_(key),
+      run_task_(std::move(run_task)),
+      gpu_(std::move(gpu)) {}
 
 DataPort::~DataPort() {
   if (!server_) return;  // Listen failed
@@ -154,6 +158,34 @@ void DataPort::ServePeer(int fd) {
           reply = Error(StateCode::kInternal, "internal error");
         }
         if (!respond(reply)) return;
+        break;
+      }
+      case PeerOp::kGpu: {  // blocks this connection until it is done
+        if (!gpu_.serve) return;
+        if (!batch.empty() && !flush()) return;
+        std::string reply;
+        try {
+          reply = gpu_.serve(r);
+        } catch (const std::exception& e) {
+          fprintf(stderr, "silt-invoker: GPU request: %s\n", e.what());
+          reply = Error(StateCode::kInternal, "internal error");
+        }
+        if (!respond(reply)) return;
+        break;
+      }
+      case PeerOp::kGpuAdopt: {
+        if (!gpu_.adopt) return;
+        if (!batch.empty() && !flush()) return;
+        std::string reply;
+        try {
+          reply = gpu_.adopt(r, [&reader](char* dst, size_t n) {
+            return reader.ReadRaw(dst, n);
+          });
+        } catch (const std::exception& e) {
+          fprintf(stderr, "silt-invoker: GPU proclet move: %s\n", e.what());
+          return;
+        }
+        if (reply.empty() || !respond(reply)) return;
         break;
       }
       case PeerOp::kMigrateBegin: {

@@ -26,10 +26,11 @@ class DataPort {
   // Binds `data_listen` (host:port; port 0 picks one) without accepting yet.
   // InvalidArgument for a bad address, Unavailable when it cannot listen.
   // `shards` and `key` must outlive the port. `run_task` serves kRunTask
-  // (may be empty: those connections are then closed).
+  // (may be empty: those connections are then closed); `gpu` kGpu and
+  // kGpuAdopt (likewise).
   static absl::StatusOr<std::unique_ptr<DataPort>> Listen(
       const std::string& data_listen, ShardTable& shards, const DataKey& key,
-      TaskRunner run_task = {});
+      TaskRunner run_task = {}, GpuPeerHandlers gpu = {});
   ~DataPort();  // Shutdown(), then Join()
 
   DataPort(const DataPort&) = delete;
@@ -52,7 +53,8 @@ class DataPort {
   void Join();
 
  private:
-  DataPort(ShardTable& shards, const DataKey& key, TaskRunner run_task);
+  DataPort(ShardTable& shards, const DataKey& key, TaskRunner run_task,
+           GpuPeerHandlers gpu);
 
   // A peer's connection: its requests are answered in order, and the answers
   // to requests that arrived together leave in one write.
@@ -61,6 +63,7 @@ class DataPort {
   ShardTable& shards_;
   const DataKey& key_;
   const TaskRunner run_task_;
+  const GpuPeerHandlers gpu_;
   SpareArena spare_;  // for the next shard to arrive
   std::unique_ptr<ConnServer> server_;
 };

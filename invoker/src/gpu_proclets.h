@@ -1,11 +1,20 @@
-// The GPU proclets this node hosts: one sandboxed silt-gpu-host process per
-// (namespace, function, proclet name), started on the proclet's first
-// request, each with its own lock so one function's launches never wait on
-// another's. Instances' GPU requests (silt/gpu_wire.h, arriving on their
-// state connections) are forwarded to it in order.
+// The GPU proclets of this node, both ends:
+//  - hosted here: one sandboxed silt-gpu-host process per (namespace,
+//    function, proclet name), started on its first request, each with its
+//    own lock so one function's launches never wait on another's; it holds
+//    the proclet's device state (the node's GPU, or its CPU cores);
+//  - used from here: an instance's GPU requests (silt/gpu_wire.h, on its
+//    state connection) go to wherever the gateway's GPU directory placed the
+//    proclet: served here without a hop, or sent to the holder's data port
+//    (PeerOp::kGpu). A proclet that moved answers kMoved with its new
+//    address; the request follows it, so callers see a pause.
+// Modules travel with requests: the instance's node reads the kernels from
+// the function's bundle the first time a proclet lacks them (kLoadImage), so
+// a holder needs nothing of the function's but what it is sent.
 #ifndef SILT_INVOKER_GPU_PROCLETS_H_
 #define SILT_INVOKER_GPU_PROCLETS_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -17,6 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "peer_wire.h"
 
 namespace silt::invoker {
 
@@ -26,20 +36,28 @@ struct GpuProcletsOptions {
   std::string dev_dir;        // device nodes bound as /dev
   std::string worker_dir;     // holds silt-gpu-host
   std::string cgroup_prefix;  // e.g. "silt/node-a"
-  // "auto" (CUDA where the node has a GPU, else the host backend), "cuda"
-  // or "host".
+  // Where proclets placed here run: "auto" (the node's GPU where it has
+  // one, else its CPU cores), "cuda" or "host".
   std::string backend = "auto";
-  // Where the function's bundle is unpacked on this node, and the most
-  // device memory its proclets may hold (0: the device's). NotFound when
-  // the node does not run the function.
+  // This node's data port, and the first frame of a connection to a peer's.
+  std::function<std::string()> data_address;
+  std::function<std::string()> hello;
+  // The function as this node runs it: its unpacked bundle (the kernels)
+  // and the device memory each of its proclets may hold (0: the device's).
+  // NotFound when the node does not run it.
   struct FunctionInfo {
     std::string bundle_dir;
     uint64_t memory_limit = 0;
-    uint32_t host_id = 0;
   };
   std::function<absl::StatusOr<FunctionInfo>(const std::string& ns,
                                              const std::string& function)>
       function;
+  // The data port of the node holding the proclet (the gateway's GPU
+  // directory; it places the proclet when it is nowhere).
+  std::function<absl::StatusOr<std::string>(
+      const std::string& ns, const std::string& function,
+      const std::string& name, uint64_t memory_limit)>
+      locate;
 };
 
 struct GpuProcletInfo {
@@ -48,29 +66,81 @@ struct GpuProcletInfo {
   uint64_t memory_limit = 0, memory_used = 0, launches = 0;
 };
 
+struct GpuMoveResult {
+  std::string from_backend, to_backend, to_device;
+  uint64_t bytes = 0;
+  double pause_ms = 0, extract_ms = 0, inject_ms = 0;
+};
+
 class GpuProclets {
  public:
   explicit GpuProclets(GpuProcletsOptions options);
-  ~GpuProclets();  // ends every proclet's process
+  ~GpuProclets();  // ends every hosted proclet's process
 
-  // Serves one instance's state request with op kGpu (header included);
-  // the reply (StateCode, results).
+  // An instance's state request with op kGpu (header included); the reply
+  // (StateCode, results).
   std::string Serve(const std::string& ns, const std::string& function,
                     std::string_view request);
+  // A peer's PeerOp::kGpu frame (after the op byte): served by the proclet
+  // held here (started if it is not), or kMoved with where it went.
+  std::string ServePeer(wire::Reader& frame);
+  // A peer's PeerOp::kGpuAdopt (after the op byte); `read_state` reads the
+  // state's bytes that follow the frame. The reply.
+  std::string AdoptPeer(
+      wire::Reader& frame,
+      const std::function<absl::Status(char*, size_t)>& read_state);
+  // Moves a proclet held here to `target_data_address` (this node's own:
+  // onto another backend here) on `backend` ("" = the target's choice).
+  // NotFound when not held here.
+  absl::StatusOr<GpuMoveResult> Migrate(const std::string& ns,
+                                        const std::string& function,
+                                        const std::string& name,
+                                        const std::string& target_data_address,
+                                        const std::string& backend);
+
+  // The proclets held here (for load reports); one busy launching is
+  // reported as last seen.
   std::vector<GpuProcletInfo> List();
-  // Ends the proclets of a function that left this node (their state goes).
+  // Ends the proclets held here of a deleted function (`function` "": of a
+  // deleted namespace); their state goes.
   void DropFunction(const std::string& ns, const std::string& function);
 
  private:
   struct Proclet;
-  absl::StatusOr<std::shared_ptr<Proclet>> Find(const std::string& ns,
-                                                const std::string& function,
-                                                std::string_view name);
+  using Clock = std::chrono::steady_clock;
+  // The proclet held here, started when absent (on `backend`, "" = the
+  // node's). Its address instead when it moved away.
+  struct Held {
+    std::shared_ptr<Proclet> proclet;
+    std::string moved_to;
+  };
+  absl::StatusOr<Held> Hold(const std::string& ns, const std::string& function,
+                            const std::string& name, uint64_t memory_limit,
+                            bool create);
+  absl::StatusOr<std::shared_ptr<Proclet>> Start(const std::string& ns,
+                                                 const std::string& function,
+                                                 const std::string& name,
+                                                 uint64_t memory_limit,
+                                                 const std::string& backend);
+  // One request (GpuOp and arguments) to the proclet wherever it is.
+  std::string Route(const std::string& ns, const std::string& function,
+                    const std::string& name, uint64_t memory_limit,
+                    std::string_view op_request);
+  std::string Remote(const std::string& address, const std::string& frame);
+  std::string ServeHere(const std::string& ns, const std::string& function,
+                        const std::string& name, uint64_t memory_limit,
+                        std::string_view op_request);
 
   GpuProcletsOptions options_;
+  PeerPool peers_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Proclet>> proclets_
+      ABSL_GUARDED_BY(mu_);  // held here, by key
+  // Proclets that moved away: where to, and since when.
+  std::map<std::string, std::pair<std::string, Clock::time_point>> moved_
       ABSL_GUARDED_BY(mu_);
+  // Where proclets used from here are (their holders' data ports).
+  std::map<std::string, std::string> where_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace silt::invoker

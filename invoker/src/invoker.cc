@@ -7,7 +7,35 @@ namespace silt::invoker {
 // ProcletHost over gRPC: the gateway's control of the shards held here.
 class ProcletService final : public pv1::ProcletHost::Service {
  public:
-  explicit ProcletService(ProcletHost* host) : host_(host) {}
+  ProcletService(ProcletHost* host, std::function<GpuProclets*()> gpu)
+      : host_(host), gpu_(std::move(gpu)) {}
+
+  grpc::Status MigrateGpuProclet(grpc::ServerContext*,
+                                 const pv1::MigrateGpuProcletRequest* req,
+                                 pv1::MigrateGpuProcletResponse* res) override {
+    GpuProclets* gpu = gpu_();
+    if (gpu == nullptr)
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the node is starting");
+    auto m = gpu->Migrate(req->namespace_(), req->function(), req->name(),
+                          req->target_data_address(), req->target_backend());
+    if (!m.ok()) return ToGrpc(m.status());
+    res->set_from_backend(m->from_backend);
+    res->set_to_backend(m->to_backend);
+    res->set_to_device(m->to_device);
+    res->set_bytes(m->bytes);
+    res->set_pause_ms(m->pause_ms);
+    res->set_extract_ms(m->extract_ms);
+    res->set_inject_ms(m->inject_ms);
+    return grpc::Status::OK;
+  }
+  grpc::Status DropGpuProclets(grpc::ServerContext*,
+                               const pv1::DropGpuProcletsRequest* req,
+                               pv1::DropGpuProcletsResponse*) override {
+    if (GpuProclets* gpu = gpu_())
+      gpu->DropFunction(req->namespace_(), req->function());
+    return grpc::Status::OK;
+  }
 
   grpc::Status CreateShard(grpc::ServerContext*,
                            const pv1::CreateShardRequest* req,
@@ -51,6 +79,7 @@ class ProcletService final : public pv1::ProcletHost::Service {
 
  private:
   ProcletHost* host_;
+  std::function<GpuProclets*()> gpu_;
 };
 
 Invoker::Impl::~Impl() {
@@ -139,6 +168,27 @@ GpuProcletsOptions Invoker::Impl::GpuProcletsHere() {
   o.worker_dir = p->worker_dir;
   o.cgroup_prefix = "silt/" + p->cgroup_id;
   o.backend = p->options.gpu_backend;
+  o.data_address = [p] { return p->proclet_host->data_address(); };
+  o.hello = [p] { return p->proclet_host->Hello(); };
+  o.locate = [p](const std::string& ns, const std::string& function,
+                 const std::string& name,
+                 uint64_t memory_limit) -> absl::StatusOr<std::string> {
+    control::OpenGpuProcletRequest req;
+    req.set_namespace_(ns);
+    req.set_function(function);
+    req.set_name(name);
+    req.set_memory_limit(memory_limit);
+    req.set_node(p->node_name);
+    control::GpuProcletLocation loc;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    grpc::Status st = p->control->OpenGpuProclet(&ctx, req, &loc);
+    if (!st.ok())
+      return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                          st.error_message());
+    return loc.data_address();
+  };
   o.function = [p](const std::string& ns, const std::string& function)
       -> absl::StatusOr<GpuProcletsOptions::FunctionInfo> {
     std::lock_guard<std::mutex> lock(p->mu);
@@ -149,7 +199,6 @@ GpuProcletsOptions Invoker::Impl::GpuProcletsHere() {
       GpuProcletsOptions::FunctionInfo info;
       info.bundle_dir = pool->bundle->dir;
       info.memory_limit = pool->spec.gpu_memory_limit_bytes();
-      info.host_id = HostIdOf(ns, function);
       return info;
     }
     return absl::NotFoundError(absl::StrCat(
@@ -294,11 +343,22 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
         return Error(wire::StateCode::kUnavailable, "the node is starting");
       return p->gpu_proclets->Serve(ns, function, req);
     };
+    po.gpu_peer.serve = [p](wire::Reader& frame) {
+      if (!p->gpu_proclets)
+        return Error(wire::StateCode::kUnavailable, "the node is starting");
+      return p->gpu_proclets->ServePeer(frame);
+    };
+    po.gpu_peer.adopt =
+        [p](wire::Reader& frame,
+            const std::function<absl::Status(char*, size_t)>& read_state) {
+          if (!p->gpu_proclets) return std::string();
+          return p->gpu_proclets->AdoptPeer(frame, read_state);
+        };
     auto host = ProcletHost::Start(std::move(po));
     if (!host.ok()) return host.status();
     impl->proclet_host = *std::move(host);
-    impl->proclet_service =
-        std::make_unique<ProcletService>(impl->proclet_host.get());
+    impl->proclet_service = std::make_unique<ProcletService>(
+        impl->proclet_host.get(), [p] { return p->gpu_proclets.get(); });
   }
   {
     Impl* p = impl.get();
@@ -418,8 +478,12 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
             "silt-invoker: instances killed by seccomp after a restore or "
             "fork are reported as killed: %s\n",
             std::string(sl.status().message()).c_str());
-  if (auto devices = gpu::ListDevices(); devices.ok())
-    impl->gpus = static_cast<uint32_t>(devices->size());
+  if (options.gpu_backend != "host")
+    if (auto devices = gpu::ListDevices(); devices.ok() && !devices->empty()) {
+      impl->gpus = static_cast<uint32_t>(devices->size());
+      impl->gpu_model = (*devices)[0].name;
+      impl->gpu_memory = (*devices)[0].total_memory_bytes;
+    }
 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);

@@ -38,11 +38,6 @@ void Invoker::Impl::ApplyAssignment(const control::Assignment& a) {
     }
     have_assignment = true;
   }
-  // A function gone from this node takes its GPU proclets (their buffers)
-  // with it.
-  if (gpu_proclets)
-    for (const auto& pool : gone)
-      gpu_proclets->DropFunction(pool->spec.namespace_(), pool->spec.name());
   // Snapshots of versions that no longer exist go.
   std::set<std::string> ids;
   for (const auto& spec : a.functions()) ids.insert(SnapshotIdOf(spec));
@@ -273,6 +268,8 @@ void Invoker::Impl::ConnectLoop() {
     reg->set_call_address(call_port->address());
     reg->mutable_capacity()->set_cores(Cores());
     reg->mutable_capacity()->set_gpus(gpus);
+    reg->mutable_capacity()->set_gpu_memory_bytes(gpu_memory);
+    reg->mutable_capacity()->set_gpu_model(gpu_model);
     reg->mutable_capacity()->set_memory_bytes(MemoryCapacity());
     if (stream->Write(hello)) {
       backoff_ms = 100;
@@ -305,6 +302,19 @@ void Invoker::Impl::ConnectLoop() {
         if (report) {
           control::NodeMessage m;
           *m.mutable_report() = Report(++seq);
+          // (outside Impl::mu: each proclet answers for itself)
+          if (gpu_proclets)
+            for (const auto& g : gpu_proclets->List()) {
+              auto* out = m.mutable_report()->add_gpu_proclets();
+              out->set_namespace_(g.ns);
+              out->set_function(g.function);
+              out->set_name(g.name);
+              out->set_backend(g.backend);
+              out->set_device(g.device);
+              out->set_memory_used(g.memory_used);
+              out->set_memory_limit(g.memory_limit);
+              out->set_launches(g.launches);
+            }
           next_report = now + options.report_interval;
           if (!stream->Write(m)) break;
         }

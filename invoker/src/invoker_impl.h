@@ -52,6 +52,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gpu/devices.h"
+#include "gpu_proclets.h"
 #include "hosted_shard.h"
 #include "image_catalog.h"
 #include "invoker/call_wire.h"
@@ -62,7 +63,6 @@
 #include "load_pulse.h"
 #include "logs.h"
 #include "node_cgroup.h"
-#include "gpu_proclets.h"
 #include "proclet_host.h"
 #include "proclets/bundle.h"
 #include "random_id.h"
@@ -268,7 +268,11 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::unique_ptr<NodeCgroup> node_cgroup;
   std::string worker_dir;  // DATA_DIR/bin: a private copy of silt-worker, bound
                            // into sandboxes
-  uint32_t gpus = 0;  // GPUs found at start (reported; GPU proclets come later)
+  // GPUs found at start (none with --gpu-backend host): reported for the
+  // placement of GPU proclets; the first one's model and memory.
+  uint32_t gpus = 0;
+  std::string gpu_model;
+  uint64_t gpu_memory = 0;
   std::string address;
   std::unique_ptr<grpc::Server> server;
   std::shared_ptr<grpc::Channel> gateway_channel;

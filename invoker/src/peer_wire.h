@@ -47,6 +47,15 @@ enum class PeerOp : uint8_t {
   // task's reply (a StateCode byte, then its result or error; kRetry when
   // nothing ran here: the function is not here, or no instance is free).
   kRunTask = 8,
+  // A GPU proclet's request (gpu_proclets.h): str namespace, str function,
+  // str name, u64 memory_limit, str request (a GpuOp and its arguments) ->
+  // its reply, or kMoved (str address, u64 0) when it moved away.
+  kGpu = 9,
+  // A GPU proclet moving here: str namespace, str function, str name, u64
+  // memory_limit, str backend ("" = this node's), u64 state bytes; then
+  // that many bytes of its state (a GpuOp::kExtract reply's body) follow,
+  // unframed -> code, then str backend, str device, u64 inject_us.
+  kGpuAdopt = 10,
 };
 
 // Which function's instance runs a task (PeerOp::kRunTask), and for how long
@@ -61,6 +70,18 @@ struct TaskTarget {
 // the task's reply (see PeerOp::kRunTask). Blocks until it is done.
 using TaskRunner =
     std::function<std::string(const TaskTarget& target, std::string_view call)>;
+
+// Serves the GPU proclet frames of peers (gpu_proclets.h): kGpu (after its
+// op byte; the reply), and kGpuAdopt (after its op byte; `read_state` reads
+// the state's bytes that follow the frame; the reply, empty to drop the
+// connection).
+struct GpuPeerHandlers {
+  std::function<std::string(wire::Reader& frame)> serve;
+  std::function<std::string(
+      wire::Reader& frame,
+      const std::function<absl::Status(char*, size_t)>& read_state)>
+      adopt;
+};
 
 // A kRunTask frame, and reading one (after its op byte); false when malformed.
 std::string RunTaskFrame(const TaskTarget& target, std::string_view call);

@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<ProcletHost>> ProcletHost::Start(
     ProcletHostOptions options) {
   auto impl = std::make_unique<Impl>();
   auto port = DataPort::Listen(options.data_listen, impl->shards, impl->key,
-                               std::move(options.run_task));
+                               std::move(options.run_task),
+                               std::move(options.gpu_peer));
   if (!port.ok()) return port.status();
   impl->port = *std::move(port);
   const std::string& address = impl->port->address();

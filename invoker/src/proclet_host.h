@@ -54,6 +54,8 @@ struct ProcletHostOptions {
   std::function<std::string(const std::string& ns, const std::string& function,
                             std::string_view request)>
       gpu;
+  // Serves peers' GPU proclet frames on the data port (may be empty).
+  GpuPeerHandlers gpu_peer;
 };
 
 class ProcletHost {

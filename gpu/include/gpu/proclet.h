@@ -23,7 +23,9 @@ struct ProcletOptions {
   // Bytes of device memory its buffers may hold; 0: the device's.
   uint64_t memory_limit = 0;
   // The function's module `name` (its kernels/<name>.ptx and .host.so).
-  // NotFound when the function has none of that name.
+  // NotFound when the function has none of that name. Unset: a kLoad of a
+  // module not loaded yet answers kNotFound, and the module comes as bytes
+  // (kLoadImage).
   std::function<absl::StatusOr<ModuleImage>(std::string_view name)> find_module;
 };
 
@@ -52,6 +54,7 @@ class Proclet {
   absl::StatusOr<std::string> Info();
   absl::StatusOr<std::string> Alloc(std::string_view name, uint64_t bytes);
   absl::Status Load(std::string_view name);
+  absl::Status LoadImage(std::string_view name, ModuleImage image);
   absl::StatusOr<std::string> Launch(std::string_view args);
   absl::StatusOr<std::string> Extract();
   absl::Status Inject(std::string_view state);

@@ -46,6 +46,10 @@ enum class GpuOp : uint8_t {
   kExtract = 20,
   kInject = 21,  // str state: replaces everything held
   kResume = 22,  // after a kExtract whose move failed
+  // str module, str ptx, str host_library: loads a module from its bytes
+  // (the instance's node read them from the function's bundle after a
+  // kLoad answered kNotFound: the holder has none of the function's files).
+  kLoadImage = 23,
 };
 
 enum class ArgKind : uint8_t { kValue = 1, kBuffer = 2 };

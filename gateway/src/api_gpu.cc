@@ -1,0 +1,105 @@
+// /system/gpu and GPU proclet moves: the HTTP face of the GPU directory
+// (gpu_directory.h).
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "api.h"
+#include "gpu_directory.h"
+
+namespace silt::gateway {
+
+using nlohmann::ordered_json;
+
+ordered_json GpuProcletJson(const GpuProcletView& g) {
+  return {{"id", g.id},
+          {"kind", "gpu"},
+          {"namespace", g.ns},
+          {"function", g.function},
+          {"structure", g.name},
+          {"node", g.node},
+          {"backend", g.backend},
+          {"device", g.device},
+          {"bytes", g.memory_used},
+          {"memoryLimit", g.memory_limit},
+          {"launches", g.launches},
+          {"moves", g.moves},
+          {"lastPauseMs", g.last_pause_ms},
+          {"state", "serving"}};
+}
+
+namespace {
+
+ordered_json GpuMoveJson(const GpuMove& m) {
+  return {{"id", m.id},
+          {"kind", "gpu"},
+          {"from", m.from},
+          {"to", m.to},
+          {"fromBackend", m.from_backend},
+          {"toBackend", m.to_backend},
+          {"toDevice", m.to_device},
+          {"bytes", m.bytes},
+          {"pauseMs", m.pause_ms},
+          {"extractMs", m.extract_ms},
+          {"injectMs", m.inject_ms},
+          {"totalMs", m.total_ms}};
+}
+
+}  // namespace
+
+absl::StatusOr<HttpResponse> Api::MigrateGpuProclet(const HttpRequest& req,
+                                                    absl::string_view id) {
+  auto body = ordered_json::parse(req.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object() || !body.contains("node") ||
+      !body["node"].is_string() || body["node"].get<std::string>().empty() ||
+      (body.contains("backend") && !body["backend"].is_string()))
+    return absl::InvalidArgumentError(
+        "want a JSON body {\"node\": \"NAME\"} naming the target node, and "
+        "optionally \"backend\": \"cuda\" or \"host\" (its CPU cores)");
+  auto m = nodes_->gpu_directory()->Migrate(
+      std::string(id), body["node"].get<std::string>(),
+      body.value("backend", std::string()));
+  if (!m.ok()) return m.status();
+  return HttpResponse::Json(200, JsonText(GpuMoveJson(*m)));
+}
+
+absl::StatusOr<HttpResponse> Api::ListGpus() {
+  GpuDirectory* d = nodes_->gpu_directory();
+  const auto proclets = d->List("");
+  ordered_json nodes = ordered_json::array();
+  for (const auto& n : d->Nodes()) {
+    uint64_t used = 0, limits = 0;
+    uint32_t on_gpu = 0, on_cpu = 0;
+    for (const auto& p : proclets) {
+      if (p.node != n.name) continue;
+      if (p.backend == "cuda") {
+        used += p.memory_used;
+        limits += p.memory_limit;
+        ++on_gpu;
+      } else {
+        ++on_cpu;
+      }
+    }
+    nodes.push_back({{"node", n.name},
+                     {"gpus", n.gpus},
+                     {"model", n.gpu_model},
+                     {"memory", n.gpu_memory},
+                     {"memoryUsed", used},
+                     {"memoryPromised", limits},
+                     {"proclets", on_gpu},
+                     {"hostProclets", on_cpu}});
+  }
+  ordered_json all = ordered_json::array();
+  for (const auto& p : proclets) all.push_back(GpuProcletJson(p));
+  return HttpResponse::Json(
+      200, JsonText(ordered_json{{"nodes", nodes}, {"proclets", all}}));
+}
+
+absl::StatusOr<HttpResponse> Api::ReclaimGpu(absl::string_view node) {
+  auto moves = nodes_->gpu_directory()->Reclaim(std::string(node));
+  if (!moves.ok()) return moves.status();
+  ordered_json out = ordered_json::array();
+  for (const auto& m : *moves) out.push_back(GpuMoveJson(m));
+  return HttpResponse::Json(200, JsonText(ordered_json{{"moved", out}}));
+}
+
+}  // namespace silt::gateway

@@ -1,0 +1,304 @@
+#include "gpu_directory.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "invoker/proto/proclets.grpc.pb.h"
+
+namespace silt::gateway {
+namespace {
+
+namespace pv1 = silt::proclets::v1;
+
+const GpuNode* FindNode(const std::vector<GpuNode>& nodes,
+                        const std::string& name) {
+  for (const auto& n : nodes)
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+}  // namespace
+
+std::string GpuDirectory::KeyOf(const std::string& ns,
+                                const std::string& function,
+                                const std::string& name) {
+  return absl::StrCat(ns, "/", function, "/", name);
+}
+
+bool GpuDirectory::IsGpuId(const std::string& id) {
+  uint64_t n;
+  return id.size() > 1 && id[0] == 'g' &&
+         absl::SimpleAtoi(absl::string_view(id).substr(1), &n);
+}
+
+std::string GpuDirectory::NewIdLocked() {
+  return absl::StrCat("g", next_id_++);
+}
+
+absl::StatusOr<GpuProcletView> GpuDirectory::Open(
+    const std::string& ns, const std::string& function, const std::string& name,
+    uint64_t memory_limit, const std::string& asking_node) {
+  const std::vector<GpuNode> nodes = nodes_();  // before mu_: it locks too
+  const std::string key = KeyOf(ns, function, name);
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it != entries_.end() && FindNode(nodes, it->second.view.node) != nullptr)
+    return it->second.view;
+  // What each node's GPU has promised already.
+  std::map<std::string, uint64_t> promised;
+  for (const auto& [k, e] : entries_)
+    if (e.view.backend != "host")
+      promised[e.view.node] +=
+          std::max(e.view.memory_limit, e.view.memory_used);
+  const GpuNode* best = nullptr;
+  uint64_t best_free = 0;
+  for (const auto& n : nodes) {
+    if (n.leaving || n.gpus == 0 || n.gpu_memory < promised[n.name]) continue;
+    uint64_t free = n.gpu_memory - promised[n.name];
+    if (free >= memory_limit && (best == nullptr || free > best_free)) {
+      best = &n;
+      best_free = free;
+    }
+  }
+  if (best == nullptr) {  // no GPU has room: the asking node's CPU cores
+    best = FindNode(nodes, asking_node);
+    if (best != nullptr && best->leaving) best = nullptr;
+    for (const auto& n : nodes)
+      if (best == nullptr && !n.leaving) best = &n;
+  }
+  if (best == nullptr)
+    return absl::UnavailableError("no node can hold a GPU proclet now");
+  Entry& e = entries_[key];
+  if (e.view.id.empty()) e.view.id = NewIdLocked();
+  e.view.ns = ns;
+  e.view.function = function;
+  e.view.name = name;
+  e.view.node = best->name;
+  e.view.memory_limit = memory_limit;
+  e.view.backend = best->gpus > 0 ? "cuda" : "host";
+  e.view.device = best->gpus > 0 ? best->gpu_model : "";
+  return e.view;
+}
+
+void GpuDirectory::Report(const std::string& node,
+                          std::vector<GpuProcletView> held) {
+  absl::MutexLock lock(&mu_);
+  std::set<std::string> keys;
+  for (auto& h : held) {
+    std::string key = KeyOf(h.ns, h.function, h.name);
+    keys.insert(key);
+    Entry& e = entries_[key];
+    if (e.moving) continue;  // the move's answer says where it went
+    if (e.view.id.empty()) e.view.id = NewIdLocked();
+    h.id = e.view.id;
+    h.node = node;
+    h.moves = e.view.moves;
+    h.last_pause_ms = e.view.last_pause_ms;
+    e.view = std::move(h);
+    e.reported = true;
+  }
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    const Entry& e = it->second;
+    if (e.view.node == node && e.reported && !e.moving &&
+        !keys.contains(it->first))
+      it = entries_.erase(it);
+    else
+      ++it;
+  }
+}
+
+void GpuDirectory::NodeGone(const std::string& node) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.view.node == node && !it->second.moving)
+      it = entries_.erase(it);  // its device state went with the node
+    else
+      ++it;
+  }
+}
+
+std::vector<GpuProcletView> GpuDirectory::List(const std::string& ns) {
+  absl::MutexLock lock(&mu_);
+  std::vector<GpuProcletView> out;
+  for (const auto& [k, e] : entries_)
+    if (ns.empty() || e.view.ns == ns) out.push_back(e.view);
+  return out;
+}
+
+absl::StatusOr<GpuMove> GpuDirectory::Migrate(const std::string& id,
+                                              const std::string& node,
+                                              const std::string& backend) {
+  if (!backend.empty() && backend != "cuda" && backend != "host")
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend \"", backend, "\" is none of cuda, host"));
+  const std::vector<GpuNode> nodes = nodes_();
+  const GpuNode* target = FindNode(nodes, node);
+  if (target == nullptr)
+    return absl::NotFoundError(
+        absl::StrCat("no node ", node, " is connected (see silt nodes)"));
+  if (target->leaving)
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", node, " is leaving"));
+  const std::string to_backend =
+      !backend.empty() ? backend : (target->gpus > 0 ? "cuda" : "host");
+  if (to_backend == "cuda" && target->gpus == 0)
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", node,
+                     " has no GPU: move the proclet there with backend "
+                     "host (its CPU cores)"));
+  GpuProcletView from;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry* e = nullptr;
+    for (auto& [k, entry] : entries_)
+      if (entry.view.id == id) e = &entry;
+    if (e == nullptr)
+      return absl::NotFoundError(
+          absl::StrCat("no GPU proclet ", id, " (see silt proclets list)"));
+    if (e->moving)
+      return absl::FailedPreconditionError(
+          absl::StrCat("GPU proclet ", id, " is moving already"));
+    if (e->view.node == node && e->view.backend == to_backend)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GPU proclet ", id, " is on ", node, " (", to_backend, ") already"));
+    e->moving = true;
+    from = e->view;
+  }
+  const GpuNode* source = FindNode(nodes, from.node);
+  auto done = [&](const GpuMove* moved) {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(KeyOf(from.ns, from.function, from.name));
+    if (it == entries_.end()) return;
+    it->second.moving = false;
+    if (moved == nullptr) return;
+    it->second.view.node = moved->to;
+    it->second.view.backend = moved->to_backend;
+    it->second.view.device = moved->to_device;
+    it->second.view.moves++;
+    it->second.view.last_pause_ms = moved->pause_ms;
+    it->second.reported = false;  // until the target's next report
+  };
+  if (source == nullptr || !source->channel) {
+    done(nullptr);
+    return absl::UnavailableError(absl::StrCat("node ", from.node,
+                                               ", which holds GPU proclet ", id,
+                                               ", is not connected"));
+  }
+  pv1::MigrateGpuProcletRequest req;
+  req.set_namespace_(from.ns);
+  req.set_function(from.function);
+  req.set_name(from.name);
+  req.set_target_data_address(target->data_address);
+  req.set_target_backend(to_backend);
+  pv1::MigrateGpuProcletResponse res;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  auto start = std::chrono::steady_clock::now();
+  grpc::Status st = pv1::ProcletHost::NewStub(source->channel)
+                        ->MigrateGpuProclet(&ctx, req, &res);
+  if (!st.ok()) {
+    done(nullptr);
+    return absl::Status(
+        static_cast<absl::StatusCode>(st.error_code()),
+        absl::StrCat("moving GPU proclet ", id, ": ", st.error_message()));
+  }
+  GpuMove m;
+  m.id = id;
+  m.from = from.node;
+  m.to = node;
+  m.from_backend = res.from_backend();
+  m.to_backend = res.to_backend();
+  m.to_device = res.to_device();
+  m.bytes = res.bytes();
+  m.pause_ms = res.pause_ms();
+  m.extract_ms = res.extract_ms();
+  m.inject_ms = res.inject_ms();
+  m.total_ms = std::chrono::duration<double, std::milli>(
+                   std::chrono::steady_clock::now() - start)
+                   .count();
+  done(&m);
+  return m;
+}
+
+void GpuDirectory::DropFunction(const std::string& ns,
+                                const std::string& function) {
+  std::set<std::string> holders;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      const GpuProcletView& v = it->second.view;
+      if (v.ns == ns && (function.empty() || v.function == function)) {
+        holders.insert(v.node);
+        it = entries_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (holders.empty()) return;
+  for (const auto& n : nodes_()) {
+    if (!holders.contains(n.name) || !n.channel) continue;
+    pv1::DropGpuProcletsRequest req;
+    req.set_namespace_(ns);
+    req.set_function(function);
+    pv1::DropGpuProcletsResponse res;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    // Best effort: a node that misses it drops them when it restarts.
+    (void)pv1::ProcletHost::NewStub(n.channel)->DropGpuProclets(&ctx, req,
+                                                                &res);
+  }
+}
+
+absl::StatusOr<std::vector<GpuMove>> GpuDirectory::Reclaim(
+    const std::string& node) {
+  const std::vector<GpuNode> nodes = nodes_();
+  if (FindNode(nodes, node) == nullptr)
+    return absl::NotFoundError(
+        absl::StrCat("no node ", node, " is connected (see silt nodes)"));
+  std::vector<GpuMove> moves;
+  for (;;) {
+    std::string id, target, backend = "host";
+    {
+      absl::MutexLock lock(&mu_);
+      std::map<std::string, uint64_t> promised;
+      for (const auto& [k, e] : entries_)
+        if (e.view.backend == "cuda")
+          promised[e.view.node] +=
+              std::max(e.view.memory_limit, e.view.memory_used);
+      for (const auto& [k, e] : entries_) {
+        if (e.view.node != node || e.view.backend != "cuda" || e.moving)
+          continue;
+        id = e.view.id;
+        target = node;
+        const uint64_t need = std::max(e.view.memory_limit, e.view.memory_used);
+        uint64_t best_free = 0;
+        for (const auto& n : nodes) {
+          if (n.name == node || n.leaving || n.gpus == 0 ||
+              n.gpu_memory < promised[n.name] + need)
+            continue;
+          uint64_t free = n.gpu_memory - promised[n.name];
+          if (free > best_free) {
+            best_free = free;
+            target = n.name;
+            backend = "cuda";
+          }
+        }
+        break;
+      }
+    }
+    if (id.empty()) return moves;
+    auto m = Migrate(id, target, backend);
+    if (!m.ok()) return m.status();
+    moves.push_back(*std::move(m));
+  }
+}
+
+}  // namespace silt::gateway

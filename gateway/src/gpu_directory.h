@@ -1,0 +1,111 @@
+// Where the functions' GPU proclets are. A proclet is placed on its first
+// use: on a node whose GPU has the memory it may hold free (the most free
+// first), independently of where the function's instances run; with no such
+// GPU, on the CPU cores (the host backend) of the node that asked. Nodes
+// report what they hold, so the directory is rebuilt from them after a
+// gateway restart and forgets what a lost node held. Moves go through here
+// (Migrate): the source node hands the proclet over to the target's data
+// port, then the directory points at the target.
+//
+// Thread safety: thread-safe (one lock, never held across an RPC).
+#ifndef SILT_GATEWAY_GPU_DIRECTORY_H_
+#define SILT_GATEWAY_GPU_DIRECTORY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace grpc {
+class Channel;
+}
+
+namespace silt::gateway {
+
+struct GpuNode {
+  std::string name, data_address;
+  uint32_t gpus = 0;
+  uint64_t gpu_memory = 0;  // the GPU's, in all
+  std::string gpu_model;
+  std::shared_ptr<grpc::Channel> channel;  // its ProcletHost service
+  bool leaving = false;
+};
+
+struct GpuProcletView {
+  std::string id;  // "g<n>": silt proclets list / migrate
+  std::string ns, function, name, node;
+  // As the node last reported (empty until then).
+  std::string backend, device;
+  uint64_t memory_used = 0, memory_limit = 0, launches = 0;
+  uint64_t moves = 0;
+  double last_pause_ms = 0;
+};
+
+struct GpuMove {
+  std::string id, from, to, from_backend, to_backend, to_device;
+  uint64_t bytes = 0;
+  double pause_ms = 0, extract_ms = 0, inject_ms = 0, total_ms = 0;
+};
+
+class GpuDirectory {
+ public:
+  using NodeSource = std::function<std::vector<GpuNode>()>;
+  explicit GpuDirectory(NodeSource nodes) : nodes_(std::move(nodes)) {}
+
+  // Where the proclet is; placed now when it is nowhere (or its node is
+  // gone). Unavailable when no node is connected.
+  absl::StatusOr<GpuProcletView> Open(const std::string& ns,
+                                      const std::string& function,
+                                      const std::string& name,
+                                      uint64_t memory_limit,
+                                      const std::string& asking_node);
+  // What `node` holds now (its load report).
+  void Report(const std::string& node, std::vector<GpuProcletView> held);
+  void NodeGone(const std::string& node);
+  // Those of namespace `ns` ("" = all).
+  std::vector<GpuProcletView> List(const std::string& ns);
+  // Moves proclet `id` to `node`, onto `backend` ("cuda", "host"; "": the
+  // node's GPU if it has one). NotFound: no such proclet or node;
+  // InvalidArgument: already there on that backend, or a bad backend;
+  // FailedPrecondition: the target has no GPU for "cuda", or is leaving.
+  absl::StatusOr<GpuMove> Migrate(const std::string& id,
+                                  const std::string& node,
+                                  const std::string& backend);
+  // A deleted function's (`function` "": a deleted namespace's) proclets:
+  // forgotten, and ended on their nodes.
+  void DropFunction(const std::string& ns, const std::string& function);
+  // Moves every proclet on `node`'s GPU off it: each to another node's GPU
+  // with the memory free, else onto `node`'s CPU cores (the host backend).
+  // The moves made; the first error stops it. NotFound: no such node.
+  absl::StatusOr<std::vector<GpuMove>> Reclaim(const std::string& node);
+  std::vector<GpuNode> Nodes() const { return nodes_(); }
+  // Whether `id` names a GPU proclet (not a memory proclet's number).
+  static bool IsGpuId(const std::string& id);
+
+ private:
+  struct Entry {
+    GpuProcletView view;
+    bool moving = false;
+    // Its node has reported it: once it is missing from a report, it is
+    // gone (its function left the node). Until then it was only placed.
+    bool reported = false;
+  };
+  static std::string KeyOf(const std::string& ns, const std::string& function,
+                           const std::string& name);
+  std::string NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const NodeSource nodes_;
+  absl::Mutex mu_;
+  std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);  // by key
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace silt::gateway
+
+#endif  // SILT_GATEWAY_GPU_DIRECTORY_H_
