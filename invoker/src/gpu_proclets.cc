@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -118,7 +119,9 @@ struct GpuProclets::Proclet {
   absl::Mutex mu;
   std::unique_ptr<SandboxedProcess> proc ABSL_GUARDED_BY(mu);
   int channel ABSL_GUARDED_BY(mu) = -1;
-  bool lost ABSL_GUARDED_BY(mu) = false;
+  // Its process ended (set under mu; read without it: never take mu under
+  // GpuProclets::mu_, a move holds mu while it takes mu_).
+  std::atomic<bool> lost{false};
   std::string moved_to ABSL_GUARDED_BY(mu);      // it moved there
   absl::Mutex info_mu;                           // after mu
   GpuProcletInfo last ABSL_GUARDED_BY(info_mu);  // as last asked
@@ -268,12 +271,7 @@ absl::StatusOr<GpuProclets::Held> GpuProclets::Hold(const std::string& ns,
   {
     absl::MutexLock lock(&mu_);
     if (auto it = proclets_.find(key); it != proclets_.end()) {
-      bool lost;
-      {
-        absl::MutexLock plock(&it->second->mu);
-        lost = it->second->lost;
-      }
-      if (!lost) return Held{it->second, ""};
+      if (!it->second->lost) return Held{it->second, ""};
       proclets_.erase(it);  // a fresh one below
     } else if (auto m = moved_.find(key); m != moved_.end()) {
       if (Clock::now() - m->second.second < kMovedKept)

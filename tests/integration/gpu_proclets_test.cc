@@ -2,14 +2,20 @@
 // PTX and a host library), called over HTTP; the proclet's device state
 // outlives calls, each function gets its own, and its memory limit holds.
 // On a node without a GPU the proclets run on the host backend.
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "common/cluster.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace silt::testing {
 namespace {
@@ -91,6 +97,132 @@ TEST_F(GpuProcletsTest, ABadGpuLabelIsRefusedAtDeploy) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(absl::StrContains(r.out + r.err, "com.silt.gpu.max-memory"))
       << r.out << r.err;
+}
+
+// The "calls=N" of the example's answer; -1 when absent.
+int64_t CallsOf(const std::string& body) {
+  auto at = body.find(" calls=");
+  int64_t n = -1;
+  if (at == std::string::npos) return -1;
+  std::string_view rest = std::string_view(body).substr(at + 7);
+  rest = rest.substr(0, rest.find(' '));
+  if (!absl::SimpleAtoi(absl::string_view(rest.data(), rest.size()), &n))
+    return -1;
+  return n;
+}
+
+// The GPU proclets listed by `silt proclets list -o json`.
+nlohmann::json GpuProclets(Cluster& c) {
+  auto r = c.Silt({"proclets", "list", "-o", "json"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json out = nlohmann::json::array();
+  auto all = nlohmann::json::parse(r.out, nullptr, false);
+  if (!all.is_array()) return out;
+  for (const auto& p : all)
+    if (p.value("kind", "") == "gpu") out.push_back(p);
+  return out;
+}
+
+// The function's instances on node-a, its GPU proclet placed there (the
+// asking node: no GPU anywhere) and moved to node-b and back while calls
+// run: every call succeeds, and the device-resident counter the calls bump
+// ends equal to the number of calls (no launch lost or repeated).
+TEST_F(GpuProcletsTest, AProcletMovesBetweenNodesWhileCallsGoOn) {
+  ASSERT_TRUE(cluster_->AddNode({.name = "node-b"}).ok());
+  ASSERT_TRUE(cluster_->WaitNodes(2).ok());
+  std::ofstream(work_ + "/stack.yml", std::ios::app)
+      << "    constraints: [\"node.name==node-a\"]\n";
+  auto r = cluster_->Silt({"up", "-f", work_ + "/stack.yml"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto first = Invoke("/function/saxpy?n=50000&a=2");
+  ASSERT_EQ(first.status, 200) << first.body;
+  ASSERT_EQ(CallsOf(first.body), 1) << first.body;
+  auto listed = GpuProclets(*cluster_);
+  ASSERT_EQ(listed.size(), 1u) << listed.dump();
+  const std::string id = listed[0].value("id", "");
+  EXPECT_EQ(listed[0].value("node", ""), "node-a");
+  EXPECT_EQ(listed[0].value("function", ""), "saxpy");
+
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> ok_calls{1}, failed{0};
+  std::string failure;
+  std::thread caller([&] {
+    while (!stop) {
+      auto c = Invoke("/function/saxpy?n=20000&a=3");
+      if (c.status == 200 && absl::StartsWith(c.body, "ok ")) {
+        ++ok_calls;
+      } else {
+        if (failed++ == 0) failure = c.body;
+      }
+    }
+  });
+  for (const char* to : {"node-b", "node-a", "node-b"}) {
+    auto m = cluster_->Silt({"proclets", "migrate", id, "--to", to});
+    EXPECT_EQ(m.exit_code, 0) << m.out << m.err;
+    EXPECT_TRUE(absl::StrContains(m.out, std::string("-> ") + to)) << m.out;
+    // Calls go on between moves.
+    int64_t seen = ok_calls;
+    while (ok_calls < seen + 3 && failed == 0) std::this_thread::yield();
+  }
+  stop = true;
+  caller.join();
+  EXPECT_EQ(failed, 0) << failure;
+  auto last = Invoke("/function/saxpy?n=10&a=1");
+  ASSERT_EQ(last.status, 200) << last.body;
+  EXPECT_EQ(CallsOf(last.body), ok_calls + 1) << last.body;
+  listed = GpuProclets(*cluster_);
+  ASSERT_EQ(listed.size(), 1u) << listed.dump();
+  EXPECT_EQ(listed[0].value("node", ""), "node-b");
+  EXPECT_EQ(listed[0].value("moves", 0), 3);
+
+  // Bad moves are clear errors and change nothing.
+  auto same = cluster_->Silt({"proclets", "migrate", id, "--to", "node-b"});
+  EXPECT_NE(same.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(same.err + same.out, "already")) << same.err;
+  auto nowhere = cluster_->Silt({"proclets", "migrate", id, "--to", "node-z"});
+  EXPECT_NE(nowhere.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(nowhere.err + nowhere.out, "node-z"));
+  auto no_gpu = cluster_->Silt(
+      {"proclets", "migrate", id, "--to", "node-a", "--backend", "cuda"});
+  EXPECT_NE(no_gpu.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(no_gpu.err + no_gpu.out, "no GPU"))
+      << no_gpu.err;
+  auto gpus = cluster_->Silt({"gpu", "list"});
+  EXPECT_EQ(gpus.exit_code, 0) << gpus.err;
+  EXPECT_TRUE(absl::StrContains(gpus.out, "saxpy/default")) << gpus.out;
+  EXPECT_EQ(CallsOf(Invoke("/function/saxpy?n=10&a=1").body), ok_calls + 2);
+
+  // The function's deletion ends its proclet.
+  auto del = cluster_->Silt({"remove", "saxpy"});
+  EXPECT_EQ(del.exit_code, 0) << del.err;
+  EXPECT_TRUE(GpuProclets(*cluster_).empty());
+}
+
+// A proclet whose process dies loses its buffers: the next call says so,
+// and the one after starts afresh.
+TEST_F(GpuProcletsTest, AProcletWhoseProcessDiesIsReportedLost) {
+  auto r = cluster_->Silt({"up", "-f", work_ + "/stack.yml"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_EQ(CallsOf(Invoke("/function/saxpy?n=100&a=2").body), 1);
+  ASSERT_EQ(CallsOf(Invoke("/function/saxpy?n=100&a=2").body), 2);
+  int killed = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd;
+    std::getline(in, cmd, '\0');
+    if (cmd != "/var/silt/bin/silt-gpu-host") continue;
+    int pid = 0;
+    if (absl::SimpleAtoi(e.path().filename().string(), &pid) &&
+        kill(pid, SIGKILL) == 0)
+      ++killed;
+  }
+  ASSERT_EQ(killed, 1);
+  auto lost = Invoke("/function/saxpy?n=100&a=2");
+  EXPECT_EQ(lost.status, 500) << lost.body;
+  EXPECT_TRUE(absl::StrContains(lost.body, "lost")) << lost.body;
+  auto fresh = Invoke("/function/saxpy?n=100&a=2");
+  EXPECT_EQ(fresh.status, 200) << fresh.body;
+  EXPECT_EQ(CallsOf(fresh.body), 1) << fresh.body;
 }
 
 }  // namespace
