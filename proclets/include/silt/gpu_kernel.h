@@ -84,8 +84,17 @@ struct Block {
 
 inline thread_local Block* tls_block = nullptr;
 // Fibers kept for the next block on this thread (their stacks are mapped
-// once).
-inline thread_local std::vector<Fiber*>* tls_fibers = nullptr;
+// once), given back when the thread ends.
+struct FiberPool {
+  std::vector<Fiber*> fibers;
+  ~FiberPool() {
+    for (Fiber* f : fibers) {
+      munmap(f->stack, kStackBytes);
+      delete f;
+    }
+  }
+};
+inline thread_local FiberPool tls_pool;
 
 inline void SetThread(unsigned int t) {
   threadIdx.x = t % blockDim.x;
@@ -115,8 +124,7 @@ inline void Resume(Block* b, Fiber* f) {
 // fiber's stack cannot be mapped.
 inline bool RunBlock(unsigned int threads, void (*body)(void*),
                      void* argument) {
-  if (tls_fibers == nullptr) tls_fibers = new std::vector<Fiber*>();
-  std::vector<Fiber*>& pool = *tls_fibers;
+  std::vector<Fiber*>& pool = tls_pool.fibers;
   Block b;
   b.threads = threads;
   b.body = body;
