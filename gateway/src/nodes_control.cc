@@ -3,6 +3,7 @@
 // specs it assigns them.
 #include "containerd/archive.h"
 #include "nodes_impl.h"
+#include "silt/state_wire.h"
 
 namespace silt::gateway {
 
@@ -480,6 +481,11 @@ std::vector<GpuNode> NodeRegistry::Impl::GpuNodes() {
 grpc::Status NodeRegistry::Impl::OpenGpuProclet(
     grpc::ServerContext*, const control::OpenGpuProcletRequest* req,
     control::GpuProcletLocation* res) {
+  if (req->namespace_().empty() || req->function().empty() ||
+      !wire::ValidStructureName(req->name()))
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "a GPU proclet needs a namespace, a function and a "
+                        "name of 1-63 characters of [a-z0-9._-]");
   auto v = gpu_directory->Open(req->namespace_(), req->function(), req->name(),
                                req->memory_limit(), req->node());
   if (!v.ok())
