@@ -8,6 +8,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -205,12 +206,20 @@ TEST_F(GpuProcletsTest, AProcletWhoseProcessDiesIsReportedLost) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   ASSERT_EQ(CallsOf(Invoke("/function/saxpy?n=100&a=2").body), 1);
   ASSERT_EQ(CallsOf(Invoke("/function/saxpy?n=100&a=2").body), 2);
+  // This node's proclet processes (tests run at once): in its cgroups.
+  std::string node_id;
+  std::getline(std::ifstream(dir_ + "/node-a/node-id"), node_id);
+  ASSERT_FALSE(node_id.empty());
   int killed = 0;
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     std::ifstream in(e.path() / "cmdline");
     std::string cmd;
     std::getline(in, cmd, '\0');
     if (cmd != "/var/silt/bin/silt-gpu-host") continue;
+    std::stringstream cgroups;
+    cgroups << std::ifstream(e.path() / "cgroup").rdbuf();
+    if (!absl::StrContains(cgroups.str(), "silt/" + node_id + "/gpu-"))
+      continue;
     int pid = 0;
     if (absl::SimpleAtoi(e.path().filename().string(), &pid) &&
         kill(pid, SIGKILL) == 0)
