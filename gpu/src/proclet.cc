@@ -321,6 +321,11 @@ absl::StatusOr<std::string> Proclet::Launch(std::string_view request) {
 absl::StatusOr<std::string> Proclet::Extract() {
   if (auto s = backend_->Synchronize(); !s.ok()) return s;
   std::string out;
+  size_t size = 64;  // one allocation: growing would copy what is in
+  for (const auto& [name, b] : buffers_) size += 16 + name.size() + b.bytes;
+  for (const auto& [name, m] : modules_)
+    size += 16 + name.size() + m.image.ptx.size() + m.image.host_library.size();
+  out.reserve(size);
   wire::Writer w(&out);
   w.U32(kStateMagic);
   w.U64(launches_);
