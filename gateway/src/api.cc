@@ -21,6 +21,9 @@
 #include "silt/version.h"
 
 namespace silt::gateway {
+
+// The GPU proclets' gauges (api_gpu.cc).
+std::string GpuMetricsText(GpuDirectory& d);
 namespace {
 
 using nlohmann::json;
@@ -1193,6 +1196,7 @@ HttpResponse Api::HandleMetricsPort(const HttpRequest& req) {
   HttpResponse r = HttpResponse::Empty(200);
   r.SetHeader("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
   r.body = metrics_->Render(replicas, proclets, resident);
+  r.body += GpuMetricsText(*nodes_->gpu_directory());
   if (async_ != nullptr) r.body += async_->RenderMetrics();
   return r;
 }

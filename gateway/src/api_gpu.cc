@@ -102,4 +102,62 @@ absl::StatusOr<HttpResponse> Api::ReclaimGpu(absl::string_view node) {
   return HttpResponse::Json(200, JsonText(ordered_json{{"moved", out}}));
 }
 
+std::string GpuMetricsText(GpuDirectory& d) {
+  auto esc = [](const std::string& v) {
+    std::string o;
+    for (char c : v) {
+      if (c == '\\' || c == '"') o += '\\';
+      if (c == '\n') {
+        o += "\\n";
+        continue;
+      }
+      o += c;
+    }
+    return o;
+  };
+  std::string out =
+      "# HELP silt_gpu_memory_bytes A node's GPU memory (its first GPU's)\n"
+      "# TYPE silt_gpu_memory_bytes gauge\n";
+  for (const auto& n : d.Nodes())
+    if (n.gpus > 0)
+      absl::StrAppend(&out, "silt_gpu_memory_bytes{node=\"", esc(n.name),
+                      "\",model=\"", esc(n.gpu_model), "\"} ", n.gpu_memory,
+                      "\n");
+  const auto proclets = d.List("");
+  out +=
+      "# HELP silt_gpu_proclet_memory_bytes Device memory a function's GPU "
+      "proclet holds, as its node last reported\n"
+      "# TYPE silt_gpu_proclet_memory_bytes gauge\n";
+  auto labels = [&](const GpuProcletView& p) {
+    return absl::StrCat("{function_name=\"", esc(p.function), ".", esc(p.ns),
+                        "\",proclet=\"", esc(p.name), "\",node=\"", esc(p.node),
+                        "\",backend=\"", esc(p.backend), "\"}");
+  };
+  for (const auto& p : proclets)
+    absl::StrAppend(&out, "silt_gpu_proclet_memory_bytes", labels(p), " ",
+                    p.memory_used, "\n");
+  out +=
+      "# HELP silt_gpu_proclet_launches Kernel launches a GPU proclet ran\n"
+      "# TYPE silt_gpu_proclet_launches gauge\n";
+  for (const auto& p : proclets)
+    absl::StrAppend(&out, "silt_gpu_proclet_launches", labels(p), " ",
+                    p.launches, "\n");
+  out +=
+      "# HELP silt_gpu_proclet_moves Moves of a GPU proclet since the "
+      "gateway started\n"
+      "# TYPE silt_gpu_proclet_moves gauge\n";
+  for (const auto& p : proclets)
+    absl::StrAppend(&out, "silt_gpu_proclet_moves", labels(p), " ", p.moves,
+                    "\n");
+  out +=
+      "# HELP silt_gpu_proclet_last_pause_seconds How long a GPU proclet's "
+      "launches were held by its last move\n"
+      "# TYPE silt_gpu_proclet_last_pause_seconds gauge\n";
+  for (const auto& p : proclets)
+    if (p.moves > 0)
+      absl::StrAppend(&out, "silt_gpu_proclet_last_pause_seconds", labels(p),
+                      " ", p.last_pause_ms / 1000.0, "\n");
+  return out;
+}
+
 }  // namespace silt::gateway

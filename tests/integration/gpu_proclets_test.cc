@@ -193,6 +193,18 @@ TEST_F(GpuProcletsTest, AProcletMovesBetweenNodesWhileCallsGoOn) {
   EXPECT_TRUE(absl::StrContains(gpus.out, "saxpy/default")) << gpus.out;
   EXPECT_EQ(CallsOf(Invoke("/function/saxpy?n=10&a=1").body), ok_calls + 2);
 
+  auto metrics =
+      deploy::Send({.url = cluster_->gateway().metrics_url() + "/metrics"});
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_TRUE(absl::StrContains(
+      metrics->body,
+      "silt_gpu_proclet_moves{function_name=\"saxpy.openfaas-fn\","
+      "proclet=\"default\",node=\"node-b\",backend=\"host\"} 3"))
+      << metrics->body;
+  EXPECT_TRUE(
+      absl::StrContains(metrics->body, "silt_gpu_proclet_last_pause_seconds{"))
+      << metrics->body;
+
   // The function's deletion ends its proclet.
   auto del = cluster_->Silt({"remove", "saxpy"});
   EXPECT_EQ(del.exit_code, 0) << del.err;
