@@ -12,7 +12,7 @@ BUILD_DIR=${SILT_FUZZ_BUILD_DIR:-build-fuzz}
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(openfaas_json_fuzz bundle_fuzz stack_yml_fuzz snapshot_manifest_fuzz
   gateway_http_fuzz async_record_fuzz worker_frames_fuzz restore_plan_fuzz call_wire_fuzz
-  image_archive_fuzz)
+  image_archive_fuzz gpu_proclet_fuzz)
 command -v clang++ >/dev/null || { echo "fuzz: clang++ is missing: run deploy/setup.sh" >&2; exit 1; }
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
