@@ -292,9 +292,13 @@ absl::StatusOr<GpuProclets::Held> GpuProclets::Hold(const std::string& ns,
 std::string GpuProclets::ServeHere(const std::string& ns,
                                    const std::string& function,
                                    const std::string& name,
-                                   uint64_t memory_limit,
+                                   uint64_t memory_limit, bool placed,
                                    std::string_view op_request) {
-  auto held = Hold(ns, function, name, memory_limit, /*create=*/true);
+  auto held = Hold(ns, function, name, memory_limit, /*create=*/placed);
+  // Not here, and the caller's idea of where it is came from a cache (it
+  // moved away long ago, or this node restarted): back to the directory,
+  // never a second proclet.
+  if (!placed && absl::IsNotFound(held.status())) return MovedReply("");
   if (!held.ok())
     return Reply(
         StateCode::kUnavailable,
@@ -334,6 +338,8 @@ std::string GpuProclets::Route(const std::string& ns,
       absl::MutexLock lock(&mu_);
       if (auto it = where_.find(key); it != where_.end()) address = it->second;
     }
+    // The directory just said so (it may be placed there now), or a cache.
+    const bool placed = address.empty();
     if (address.empty()) {
       if (!options_.locate) {
         address = self;
@@ -350,7 +356,7 @@ std::string GpuProclets::Route(const std::string& ns,
     }
     std::string reply;
     if (address == self) {
-      reply = ServeHere(ns, function, name, memory_limit, op_request);
+      reply = ServeHere(ns, function, name, memory_limit, placed, op_request);
     } else {
       std::string frame;
       wire::Writer w(&frame);
@@ -360,6 +366,7 @@ std::string GpuProclets::Route(const std::string& ns,
       w.Str(name);
       w.U64(memory_limit);
       w.Str(op_request);
+      w.U8(placed ? 1 : 0);
       reply = Remote(address, frame);
       if (reply.empty()) {  // its node is gone: ask the directory again
         absl::MutexLock lock(&mu_);
@@ -373,10 +380,12 @@ std::string GpuProclets::Route(const std::string& ns,
     if (CodeOf(reply) != StateCode::kMoved) return reply;
     wire::Reader r(std::string_view(reply).substr(1));
     std::string_view to;
-    if (!r.Str(&to) || to.empty())
-      return Reply(StateCode::kInternal, "bad MOVED reply");
+    if (!r.Str(&to)) return Reply(StateCode::kInternal, "bad MOVED reply");
     absl::MutexLock lock(&mu_);
-    where_[key] = std::string(to);
+    if (to.empty())
+      where_.erase(key);  // ask the directory
+    else
+      where_[key] = std::string(to);
   }
   return Reply(StateCode::kUnavailable,
                "the GPU proclet kept moving; try again");
@@ -441,8 +450,10 @@ std::string GpuProclets::ServePeer(wire::Reader& r) {
       !r.U64(&memory_limit) || !r.Str(&request) || request.empty() ||
       !wire::ValidStructureName(name))
     return Reply(StateCode::kInvalid, "malformed GPU request");
+  uint8_t placed = 1;
+  (void)r.U8(&placed);
   return ServeHere(std::string(ns), std::string(function), std::string(name),
-                   memory_limit, request);
+                   memory_limit, placed != 0, request);
 }
 
 std::string GpuProclets::AdoptPeer(

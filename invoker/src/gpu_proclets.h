@@ -127,9 +127,11 @@ class GpuProclets {
                     const std::string& name, uint64_t memory_limit,
                     std::string_view op_request);
   std::string Remote(const std::string& address, const std::string& frame);
+  // `placed`: the directory placed it here just now (start it if absent);
+  // else absent answers kMoved to nowhere (ask the directory).
   std::string ServeHere(const std::string& ns, const std::string& function,
                         const std::string& name, uint64_t memory_limit,
-                        std::string_view op_request);
+                        bool placed, std::string_view op_request);
 
   GpuProcletsOptions options_;
   PeerPool peers_;

@@ -48,8 +48,10 @@ enum class PeerOp : uint8_t {
   // nothing ran here: the function is not here, or no instance is free).
   kRunTask = 8,
   // A GPU proclet's request (gpu_proclets.h): str namespace, str function,
-  // str name, u64 memory_limit, str request (a GpuOp and its arguments) ->
-  // its reply, or kMoved (str address, u64 0) when it moved away.
+  // str name, u64 memory_limit, str request (a GpuOp and its arguments), u8
+  // placed (1: the directory just placed it here: start it if absent) ->
+  // its reply, or kMoved (str address, u64 0) when it moved away (address
+  // "": not here; ask the directory).
   kGpu = 9,
   // A GPU proclet moving here: str namespace, str function, str name, u64
   // memory_limit, str backend ("" = this node's), u64 state bytes; then
