@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "proclets/bundle.h"
 #include "silt/abi.h"
+#include "silt/state_wire.h"
 
 namespace silt::deploy {
 namespace fs = std::filesystem;
@@ -76,18 +77,6 @@ std::string FindNvcc() {
   return {};
 }
 
-// Module names are GPU proclet names too: [a-z0-9._-], from a letter or digit.
-bool ValidModuleName(const std::string& name) {
-  if (name.empty() || name.size() > 63) return false;
-  for (size_t i = 0; i < name.size(); ++i) {
-    char c = name[i];
-    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-              (i > 0 && (c == '-' || c == '_' || c == '.'));
-    if (!ok) return false;
-  }
-  return true;
-}
-
 // Each <module>.cu of a C++ function, built twice (silt/gpu_kernel.h): to
 // PTX with nvcc, which the CUDA backend loads on any GPU model, and to a host
 // library, which the host backend runs on CPU cores. Both go into the bundle
@@ -108,7 +97,7 @@ absl::Status BuildKernels(const std::string& fn_name,
   const char* cxx = std::getenv("CXX");
   for (const auto& source : kernels) {
     const std::string module = fs::path(source).stem().string();
-    if (!ValidModuleName(module))
+    if (!wire::ValidStructureName(module))
       return absl::InvalidArgumentError(absl::StrCat(
           "function ", fn_name, ": kernel file ", source,
           ": name it <module>.cu with <module> of [a-z0-9._-] (it names the "
