@@ -1403,6 +1403,16 @@ int RunCli(int argc, char** argv) {
       "else onto that node's CPU cores)");
   gw_opt(gpu_reclaim);
   gpu_reclaim->add_option("NODE", name, "Node name")->required();
+  std::string gpu_memory;
+  auto* gpu_resize = gpu_cmd->add_subcommand(
+      "resize",
+      "Set a GPU proclet's allocation (within its function's "
+      "com.silt.gpu.min-memory and max-memory); one holding more is asked to "
+      "free down to it first");
+  gw_opt(gpu_resize);
+  gpu_resize->add_option("ID", name, "GPU proclet id (gN, silt gpu list)")
+      ->required();
+  gpu_resize->add_option("--memory", gpu_memory, "e.g. 256Mi, 2Gi")->required();
 
   // local
   LocalOptions local_opts;
@@ -1736,6 +1746,7 @@ int RunCli(int argc, char** argv) {
       };
       if (*gpu_list) return GpuList(send, output);
       if (*gpu_reclaim) return GpuReclaim(send, name);
+      if (*gpu_resize) return GpuResize(send, name, gpu_memory);
     } else if (*local) {
       return Local(local_opts);
     }

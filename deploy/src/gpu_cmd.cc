@@ -25,15 +25,18 @@ std::string Mib(uint64_t bytes) {
 
 void PrintGpuMove(const json& m) {
   std::cout << absl::StrFormat(
-                   "GPU proclet %s: %s (%s) -> %s (%s%s%s), %s; launches "
-                   "paused %.2f ms (copy out %.2f ms, in %.2f ms)",
+                   "GPU proclet %s: %s (%s) -> %s (%s%s%s), %s; copied %s "
+                   "while it ran (%.1f ms), then launches paused %.2f ms for "
+                   "%s written meanwhile (copy out %.2f ms, in %.2f ms)",
                    m.value("id", ""), m.value("from", ""),
                    m.value("fromBackend", ""), m.value("to", ""),
                    m.value("toBackend", ""),
                    m.value("toDevice", "").empty() ? "" : ", ",
                    m.value("toDevice", ""), Mib(m.value("bytes", uint64_t{0})),
-                   m.value("pauseMs", 0.0), m.value("extractMs", 0.0),
-                   m.value("injectMs", 0.0))
+                   Mib(m.value("precopyBytes", uint64_t{0})),
+                   m.value("precopyMs", 0.0), m.value("pauseMs", 0.0),
+                   Mib(m.value("pausedBytes", uint64_t{0})),
+                   m.value("extractMs", 0.0), m.value("injectMs", 0.0))
             << std::endl;
 }
 
@@ -89,6 +92,24 @@ int GpuReclaim(const Requester& send, const std::string& node) {
   for (const auto& m : j["moved"]) PrintGpuMove(m);
   std::cout << "Reclaimed the GPU of " << node << ": " << j["moved"].size()
             << " proclet(s) moved." << std::endl;
+  return 0;
+}
+
+int GpuResize(const Requester& send, const std::string& id,
+              const std::string& memory) {
+  HttpResult r = send("POST", "/system/proclets/" + id + "/resize",
+                      json{{"memory", memory}}.dump());
+  if (r.status != 200) return Error(r);
+  json p = json::parse(r.body, nullptr, false);
+  if (!p.is_object()) {
+    std::cerr << "cannot parse the gateway's answer" << std::endl;
+    return 1;
+  }
+  std::cout << "GPU proclet " << p.value("id", "") << " ("
+            << p.value("function", "") << "/" << p.value("structure", "")
+            << " on " << p.value("node", "") << "): allocation "
+            << Mib(p.value("memoryLimit", uint64_t{0})) << ", "
+            << Mib(p.value("bytes", uint64_t{0})) << " in use" << std::endl;
   return 0;
 }
 

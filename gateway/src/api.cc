@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "autoscaler.h"
 #include "containerd/archive.h"
+#include "gpu_directory.h"
 #include "proclets/bundle.h"
 #include "silt/abi.h"
 #include "silt/version.h"
@@ -369,6 +370,13 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
     if (m == "POST") return MigrateProclet(req, arg.substr(0, arg.size() - 8));
     return MethodNotAllowed();
   }
+  if (head == "proclets" && has_arg && absl::EndsWith(arg, "/resize")) {
+    route = "/system/proclets/{id}/resize";
+    SILT_AUTH();
+    if (m == "POST")
+      return ResizeGpuProclet(req, arg.substr(0, arg.size() - 7));
+    return MethodNotAllowed();
+  }
   if (head == "gpu" && !has_arg) {
     route = "/system/gpu";
     SILT_AUTH();
@@ -514,13 +522,8 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
         "label com.silt.concurrency=", **concurrency, " must be from 1 to ",
         SILT_MAX_CONCURRENCY, " (calls an instance takes at once)"));
   if (d->labels)
-    if (auto it = d->labels->find("com.silt.gpu.max-memory");
-        it != d->labels->end())
-      if (auto m = ParseMemoryQuantity(it->second); !m.ok() || *m == 0)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "label com.silt.gpu.max-memory=", it->second,
-            " is not a memory quantity (e.g. 512Mi, 2Gi): the device memory "
-            "each of the function's GPU proclets may hold"));
+    if (auto gpu = ParseGpuMemoryLabels(*d->labels); !gpu.ok())
+      return gpu.status();
   for (const auto& secret : d->secrets) {
     auto s = store_->FindSecret(*ns, secret);
     if (absl::IsNotFound(s))

@@ -112,6 +112,8 @@ class Api {
   // GPU proclets (api_gpu.cc): moves, and /system/gpu.
   absl::StatusOr<HttpResponse> MigrateGpuProclet(const HttpRequest& req,
                                                  absl::string_view id);
+  absl::StatusOr<HttpResponse> ResizeGpuProclet(const HttpRequest& req,
+                                                absl::string_view id);
   absl::StatusOr<HttpResponse> ListGpus();
   absl::StatusOr<HttpResponse> ReclaimGpu(absl::string_view node);
   absl::StatusOr<HttpResponse> MigrateProclet(const HttpRequest& req,

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "api.h"
 #include "gpu_directory.h"
+#include "nodes.h"
 
 namespace silt::gateway {
 
@@ -38,6 +39,9 @@ ordered_json GpuMoveJson(const GpuMove& m) {
           {"toBackend", m.to_backend},
           {"toDevice", m.to_device},
           {"bytes", m.bytes},
+          {"precopyBytes", m.precopy_bytes},
+          {"pausedBytes", m.paused_bytes},
+          {"precopyMs", m.precopy_ms},
           {"pauseMs", m.pause_ms},
           {"extractMs", m.extract_ms},
           {"injectMs", m.inject_ms},
@@ -60,6 +64,58 @@ absl::StatusOr<HttpResponse> Api::MigrateGpuProclet(const HttpRequest& req,
       body.value("backend", std::string()));
   if (!m.ok()) return m.status();
   return HttpResponse::Json(200, JsonText(GpuMoveJson(*m)));
+}
+
+absl::StatusOr<HttpResponse> Api::ResizeGpuProclet(const HttpRequest& req,
+                                                   absl::string_view id) {
+  if (!GpuDirectory::IsGpuId(std::string(id)))
+    return absl::InvalidArgumentError(
+        absl::StrCat("proclet ", id,
+                     " is not a GPU proclet (g<N>): only those are resized"));
+  auto body = ordered_json::parse(req.body, nullptr, false);
+  uint64_t bytes = 0;
+  if (!body.is_discarded() && body.is_object() && body.contains("memory")) {
+    const auto& m = body["memory"];
+    if (m.is_number_unsigned()) {
+      bytes = m.get<uint64_t>();
+    } else if (m.is_string()) {
+      if (auto q = ParseMemoryQuantity(m.get<std::string>()); q.ok())
+        bytes = *q;
+    }
+  }
+  if (bytes == 0)
+    return absl::InvalidArgumentError(
+        "want a JSON body {\"memory\": \"512Mi\"} (or a number of bytes): "
+        "the GPU proclet's new allocation");
+  GpuDirectory* d = nodes_->gpu_directory();
+  GpuProcletView view;
+  for (const auto& g : d->List(""))
+    if (g.id == id) view = g;
+  if (view.id.empty())
+    return absl::NotFoundError(
+        absl::StrCat("no GPU proclet ", id, " (see silt proclets list)"));
+  // Within what its function declared.
+  auto rec = store_->GetFunction(view.ns, view.function);
+  if (!rec.ok()) return rec.status();
+  auto deployment = LoadDeployment(*rec);
+  if (!deployment.ok()) return deployment.status();
+  GpuMemoryNeeds needs;
+  if (deployment->labels) {
+    auto parsed = ParseGpuMemoryLabels(*deployment->labels);
+    if (!parsed.ok()) return parsed.status();
+    needs = *parsed;
+  }
+  if (needs.min > 0 && bytes < needs.min)
+    return absl::InvalidArgumentError(
+        absl::StrCat(bytes, " bytes is below function ", view.function,
+                     "'s com.silt.gpu.min-memory (", needs.min, " bytes)"));
+  if (needs.max > 0 && bytes > needs.max)
+    return absl::InvalidArgumentError(
+        absl::StrCat(bytes, " bytes is above function ", view.function,
+                     "'s com.silt.gpu.max-memory (", needs.max, " bytes)"));
+  auto resized = d->Resize(std::string(id), bytes, absl::Seconds(5));
+  if (!resized.ok()) return resized.status();
+  return HttpResponse::Json(200, JsonText(GpuProcletJson(*resized)));
 }
 
 absl::StatusOr<HttpResponse> Api::ListGpus() {

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "invoker/proto/proclets.grpc.pb.h"
+#include "nodes.h"
 
 namespace silt::gateway {
 namespace {
@@ -41,9 +42,37 @@ std::string GpuDirectory::NewIdLocked() {
   return absl::StrCat("g", next_id_++);
 }
 
+absl::StatusOr<GpuMemoryNeeds> ParseGpuMemoryLabels(
+    const std::map<std::string, std::string>& labels) {
+  GpuMemoryNeeds n;
+  for (auto [label, out] :
+       {std::pair<const char*, uint64_t*>{"com.silt.gpu.min-memory", &n.min},
+        {"com.silt.gpu.preferred-memory", &n.preferred},
+        {"com.silt.gpu.max-memory", &n.max}}) {
+    auto it = labels.find(label);
+    if (it == labels.end()) continue;
+    auto m = ParseMemoryQuantity(it->second);
+    if (!m.ok() || *m == 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label ", label, "=", it->second,
+          " is not a memory quantity (e.g. 512Mi, 2Gi): device memory for "
+          "each of the function's GPU proclets"));
+    *out = *m;
+  }
+  if (n.max > 0 && n.preferred > n.max)
+    return absl::InvalidArgumentError(
+        "label com.silt.gpu.preferred-memory is more than "
+        "com.silt.gpu.max-memory");
+  if (n.min > 0 && n.min > n.wanted() && n.wanted() > 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("label com.silt.gpu.min-memory is more than com.silt.gpu.",
+                     n.preferred > 0 ? "preferred" : "max", "-memory"));
+  return n;
+}
+
 absl::StatusOr<GpuProcletView> GpuDirectory::Open(
     const std::string& ns, const std::string& function, const std::string& name,
-    uint64_t memory_limit, const std::string& asking_node) {
+    const GpuMemoryNeeds& needs, const std::string& asking_node) {
   const std::vector<GpuNode> nodes = nodes_();  // before mu_: it locks too
   const std::string key = KeyOf(ns, function, name);
   absl::MutexLock lock(&mu_);
@@ -56,15 +85,24 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Open(
     if (e.view.backend != "host")
       promised[e.view.node] +=
           std::max(e.view.memory_limit, e.view.memory_used);
+  // The GPU with the most free: the preferred allocation there, or
+  // (downgraded) what is free if that is at least the minimum.
   const GpuNode* best = nullptr;
   uint64_t best_free = 0;
   for (const auto& n : nodes) {
     if (n.leaving || n.gpus == 0 || n.gpu_memory < promised[n.name]) continue;
     uint64_t free = n.gpu_memory - promised[n.name];
-    if (free >= memory_limit && (best == nullptr || free > best_free)) {
+    if (best == nullptr || free > best_free) {
       best = &n;
       best_free = free;
     }
+  }
+  uint64_t allocation = needs.wanted();
+  if (best != nullptr && best_free < allocation) {
+    if (needs.min > 0 && best_free >= needs.min)
+      allocation = best_free;
+    else
+      best = nullptr;
   }
   if (best == nullptr) {  // no GPU has room: the asking node's CPU cores
     best = FindNode(nodes, asking_node);
@@ -80,7 +118,7 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Open(
   e.view.function = function;
   e.view.name = name;
   e.view.node = best->name;
-  e.view.memory_limit = memory_limit;
+  e.view.memory_limit = allocation;
   e.view.backend = best->gpus > 0 ? "cuda" : "host";
   e.view.device = best->gpus > 0 ? best->gpu_model : "";
   return e.view;
@@ -219,11 +257,65 @@ absl::StatusOr<GpuMove> GpuDirectory::Migrate(const std::string& id,
   m.pause_ms = res.pause_ms();
   m.extract_ms = res.extract_ms();
   m.inject_ms = res.inject_ms();
+  m.precopy_ms = res.precopy_ms();
+  m.precopy_bytes = res.precopy_bytes();
+  m.paused_bytes = res.paused_bytes();
   m.total_ms = std::chrono::duration<double, std::milli>(
                    std::chrono::steady_clock::now() - start)
                    .count();
   done(&m);
   return m;
+}
+
+absl::StatusOr<GpuProcletView> GpuDirectory::Resize(const std::string& id,
+                                                    uint64_t bytes,
+                                                    absl::Duration wait) {
+  const std::vector<GpuNode> nodes = nodes_();
+  GpuProcletView view;
+  {
+    absl::MutexLock lock(&mu_);
+    const Entry* e = nullptr;
+    for (const auto& [k, entry] : entries_)
+      if (entry.view.id == id) e = &entry;
+    if (e == nullptr)
+      return absl::NotFoundError(
+          absl::StrCat("no GPU proclet ", id, " (see silt proclets list)"));
+    if (e->moving)
+      return absl::FailedPreconditionError(
+          absl::StrCat("GPU proclet ", id, " is moving; try again"));
+    view = e->view;
+  }
+  const GpuNode* holder = FindNode(nodes, view.node);
+  if (holder == nullptr || !holder->channel)
+    return absl::UnavailableError(absl::StrCat("node ", view.node,
+                                               ", which holds GPU proclet ", id,
+                                               ", is not connected"));
+  pv1::ResizeGpuProcletRequest req;
+  req.set_namespace_(view.ns);
+  req.set_function(view.function);
+  req.set_name(view.name);
+  req.set_memory_limit(bytes);
+  req.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(wait)));
+  pv1::ResizeGpuProcletResponse res;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(wait) + std::chrono::seconds(10));
+  grpc::Status st = pv1::ProcletHost::NewStub(holder->channel)
+                        ->ResizeGpuProclet(&ctx, req, &res);
+  if (!st.ok())
+    return absl::Status(
+        static_cast<absl::StatusCode>(st.error_code()),
+        absl::StrCat("resizing GPU proclet ", id, ": ", st.error_message()));
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(KeyOf(view.ns, view.function, view.name));
+  if (it != entries_.end()) {
+    it->second.view.memory_limit = res.memory_limit();
+    it->second.view.memory_used = res.memory_used();
+    view = it->second.view;
+  }
+  view.memory_limit = res.memory_limit();
+  view.memory_used = res.memory_used();
+  return view;
 }
 
 void GpuDirectory::DropFunction(const std::string& ns,

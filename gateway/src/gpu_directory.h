@@ -1,8 +1,9 @@
 // Where the functions' GPU proclets are. A proclet is placed on its first
-// use: on a node whose GPU has the memory it may hold free (the most free
-// first), independently of where the function's instances run; with no such
-// GPU, on the CPU cores (the host backend) of the node that asked. Nodes
-// report what they hold, so the directory is rebuilt from them after a
+// use: on a node whose GPU has its preferred allocation free (the most free
+// first), independently of where the function's instances run; else,
+// downgraded, on the GPU with the most free if that is at least its
+// minimum; else on the CPU cores (the host backend) of the node that asked.
+// Nodes report what they hold, so the directory is rebuilt from them after a
 // gateway restart and forgets what a lost node held. Moves go through here
 // (Migrate): the source node hands the proclet over to the target's data
 // port, then the directory points at the target.
@@ -21,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace grpc {
 class Channel;
@@ -37,6 +39,19 @@ struct GpuNode {
   bool leaving = false;
 };
 
+// A function's GPU memory labels (bytes; 0: unset): com.silt.gpu.min-memory
+// (the least its proclets can be downgraded to), .preferred-memory (what
+// placement reserves; default max) and .max-memory (the most an allocation
+// may be; default the device's).
+struct GpuMemoryNeeds {
+  uint64_t min = 0, preferred = 0, max = 0;
+  uint64_t wanted() const { return preferred > 0 ? preferred : max; }
+};
+// InvalidArgument, saying which label and why, for a bad quantity or
+// min > preferred > max.
+absl::StatusOr<GpuMemoryNeeds> ParseGpuMemoryLabels(
+    const std::map<std::string, std::string>& labels);
+
 struct GpuProcletView {
   std::string id;  // "g<n>": silt proclets list / migrate
   std::string ns, function, name, node;
@@ -49,8 +64,9 @@ struct GpuProcletView {
 
 struct GpuMove {
   std::string id, from, to, from_backend, to_backend, to_device;
-  uint64_t bytes = 0;
-  double pause_ms = 0, extract_ms = 0, inject_ms = 0, total_ms = 0;
+  uint64_t bytes = 0, precopy_bytes = 0, paused_bytes = 0;
+  double precopy_ms = 0, pause_ms = 0, extract_ms = 0, inject_ms = 0;
+  double total_ms = 0;
 };
 
 class GpuDirectory {
@@ -60,10 +76,11 @@ class GpuDirectory {
 
   // Where the proclet is; placed now when it is nowhere (or its node is
   // gone). Unavailable when no node is connected.
+  // Its memory_limit is the allocation it got.
   absl::StatusOr<GpuProcletView> Open(const std::string& ns,
                                       const std::string& function,
                                       const std::string& name,
-                                      uint64_t memory_limit,
+                                      const GpuMemoryNeeds& needs,
                                       const std::string& asking_node);
   // What `node` holds now (its load report).
   void Report(const std::string& node, std::vector<GpuProcletView> held);
@@ -77,6 +94,12 @@ class GpuDirectory {
   absl::StatusOr<GpuMove> Migrate(const std::string& id,
                                   const std::string& node,
                                   const std::string& backend);
+  // Sets proclet `id`'s allocation to `bytes` (the caller checked them
+  // against the function's labels). One holding more is asked to shrink,
+  // and has `wait` to Free (FailedPrecondition if it does not); NotFound:
+  // no such proclet; Unavailable: its node is not connected.
+  absl::StatusOr<GpuProcletView> Resize(const std::string& id, uint64_t bytes,
+                                        absl::Duration wait);
   // A deleted function's (`function` "": a deleted namespace's) proclets:
   // forgotten, and ended on their nodes.
   void DropFunction(const std::string& ns, const std::string& function);

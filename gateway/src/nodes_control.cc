@@ -39,10 +39,11 @@ auto NodeRegistry::Impl::BuildFn(const store::FunctionRecord& rec)
       fn->pinned = true;
       fn->only_nodes.push_back(it->second);
     }
-    if (auto it = d->labels->find("com.silt.gpu.max-memory");
-        it != d->labels->end())
-      if (auto m = ParseMemoryQuantity(it->second); m.ok())
-        s.set_gpu_memory_limit_bytes(*m);
+    if (auto gpu = ParseGpuMemoryLabels(*d->labels); gpu.ok()) {
+      s.set_gpu_memory_limit_bytes(gpu->max);
+      s.set_gpu_min_memory_bytes(gpu->min);
+      s.set_gpu_preferred_memory_bytes(gpu->preferred);
+    }
     if (auto it = d->labels->find("com.silt.rebalance");
         it != d->labels->end() && it->second == "false")
       fn->rebalance = false;
@@ -486,13 +487,18 @@ grpc::Status NodeRegistry::Impl::OpenGpuProclet(
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "a GPU proclet needs a namespace, a function and a "
                         "name of 1-63 characters of [a-z0-9._-]");
+  GpuMemoryNeeds needs;
+  needs.min = req->min_memory();
+  needs.preferred = req->preferred_memory();
+  needs.max = req->memory_limit();
   auto v = gpu_directory->Open(req->namespace_(), req->function(), req->name(),
-                               req->memory_limit(), req->node());
+                               needs, req->node());
   if (!v.ok())
     return grpc::Status(static_cast<grpc::StatusCode>(v.status().code()),
                         std::string(v.status().message()));
   res->set_id(v->id);
   res->set_node(v->node);
+  res->set_memory_limit(v->memory_limit);
   std::lock_guard<std::mutex> l(mu);
   auto it = nodes.find(v->node);
   if (it == nodes.end())

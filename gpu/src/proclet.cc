@@ -1,6 +1,8 @@
 #include "gpu/proclet.h"
 
+#include <algorithm>
 #include <cstring>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,8 +16,6 @@ using wire::StateCode;
 
 // Abseil's string_view is its own type here.
 absl::string_view Sv(std::string_view s) { return {s.data(), s.size()}; }
-
-constexpr uint32_t kStateMagic = 0x31504753;  // "SGP1"
 
 StateCode CodeOf(const absl::Status& s) {
   switch (s.code()) {
@@ -84,9 +84,30 @@ std::string Proclet::Serve(std::string_view request) {
       op != GpuOp::kExtract)
     return Reply(StateCode::kRetry, "the GPU proclet is moving");
   switch (op) {
-    case GpuOp::kInfo: {
-      auto info = Info();
-      return info.ok() ? Reply(StateCode::kOk, *info) : Reply(info.status());
+    case GpuOp::kInfo:
+      return Reply(StateCode::kOk, Info());
+    case GpuOp::kSince: {
+      uint64_t seen;
+      if (!r.U64(&seen) || r.rest().empty() ||
+          r.rest()[0] == static_cast<char>(GpuOp::kSince))
+        return Reply(Malformed("Since"));
+      if (seen != generation_) return Reply(StateCode::kReconfigured, Info());
+      return Serve(r.rest());
+    }
+    case GpuOp::kList: {
+      std::string out;
+      wire::Writer w(&out);
+      w.U32(static_cast<uint32_t>(buffers_.size()));
+      for (const auto& [name, b] : buffers_) {
+        w.Str(name);
+        w.U64(b.bytes);
+      }
+      return Reply(StateCode::kOk, out);
+    }
+    case GpuOp::kSetLimit: {
+      uint64_t limit;
+      if (!r.U64(&limit) || limit == 0) return Reply(Malformed("SetLimit"));
+      return Reply(StateCode::kOk, SetLimit(limit));
     }
     case GpuOp::kAlloc: {
       std::string_view name;
@@ -105,6 +126,7 @@ std::string Proclet::Serve(std::string_view request) {
         backend_->Free(it->second.ptr, it->second.bytes);
         used_ -= it->second.bytes;
         buffers_.erase(it);
+        ApplyPendingLimit();
       }
       return Reply(StateCode::kOk, std::string(1, existed ? 1 : 0));
     }
@@ -130,6 +152,7 @@ std::string Proclet::Serve(std::string_view request) {
                      absl::StrCat("at most ", wire::kGpuChunkBytes,
                                   " bytes per request"));
       if (op == GpuOp::kWrite) {
+        it->second.written = true;
         auto s = backend_->CopyIn(it->second.ptr + offset, data.data(), length);
         return s.ok() ? Reply(StateCode::kOk) : Reply(s);
       }
@@ -168,12 +191,20 @@ std::string Proclet::Serve(std::string_view request) {
       return Reply(StateCode::kOk, out);
     }
     case GpuOp::kExtract: {
-      auto state = Extract();
+      uint8_t delta = 0;
+      (void)r.U8(&delta);  // absent: the whole state
+      auto state = Extract(delta != 0);
       if (!state.ok()) return Reply(state.status());
       paused_ = true;
-      std::string out(1, static_cast<char>(StateCode::kOk));
-      out += *state;
-      return out;
+      return std::move(*state);
+    }
+    case GpuOp::kPrecopy: {
+      uint8_t restart;
+      uint64_t max_bytes;
+      if (!r.U8(&restart) || !r.U64(&max_bytes))
+        return Reply(Malformed("Precopy"));
+      auto part = Precopy(restart != 0, max_bytes);
+      return part.ok() ? std::move(*part) : Reply(part.status());
     }
     case GpuOp::kInject: {
       auto s = Inject(r.rest());
@@ -182,13 +213,14 @@ std::string Proclet::Serve(std::string_view request) {
     }
     case GpuOp::kResume:
       paused_ = false;
+      MarkAllWritten();  // the next move copies everything again
       return Reply(StateCode::kOk);
   }
   return Reply(StateCode::kInvalid,
                absl::StrCat("unknown GPU operation ", op_byte));
 }
 
-absl::StatusOr<std::string> Proclet::Info() {
+std::string Proclet::Info() {
   std::string out;
   wire::Writer w(&out);
   w.Str(BackendName(backend_->kind()));
@@ -196,7 +228,23 @@ absl::StatusOr<std::string> Proclet::Info() {
   w.U64(options_.memory_limit);
   w.U64(used_);
   w.U64(launches_);
+  w.U64(generation_);
+  w.U64(pending_limit_);
   return out;
+}
+
+std::string Proclet::SetLimit(uint64_t limit) {
+  ++generation_;
+  pending_limit_ = limit;
+  if (used_ <= limit) ApplyPendingLimit();
+  return Info();
+}
+
+void Proclet::ApplyPendingLimit() {
+  if (pending_limit_ == 0 || used_ > pending_limit_) return;
+  options_.memory_limit = pending_limit_;
+  pending_limit_ = 0;
+  ++generation_;
 }
 
 absl::StatusOr<std::string> Proclet::Alloc(std::string_view name,
@@ -212,11 +260,18 @@ absl::StatusOr<std::string> Proclet::Alloc(std::string_view name,
     wire::Writer(&out).U64(bytes);
     return out;
   }
-  if (bytes > options_.memory_limit - used_)
+  // While it is asked to shrink, what it allocates counts against that.
+  const uint64_t limit = pending_limit_ > 0
+                             ? std::min(pending_limit_, options_.memory_limit)
+                             : options_.memory_limit;
+  if (used_ > limit || bytes > limit - used_)
     return absl::ResourceExhaustedError(absl::StrCat(
-        "allocating ", bytes, " bytes would pass the GPU proclet's limit of ",
-        options_.memory_limit, " bytes (", used_,
-        " in use; the function's com.silt.gpu.max-memory label sets it)"));
+        "allocating ", bytes,
+        " bytes would pass the GPU proclet's memory limit (its allocation) "
+        "of ",
+        limit, " bytes (", used_,
+        " in use; the function's com.silt.gpu.*-memory labels and its node's "
+        "GPU set it)"));
   auto ptr = backend_->Alloc(bytes);
   if (!ptr.ok()) return ptr.status();
   buffers_.emplace(std::string(name), Buffer{*ptr, bytes});
@@ -303,6 +358,7 @@ absl::StatusOr<std::string> Proclet::Launch(std::string_view request) {
             absl::StrCat("argument ", i, ": offset ", offset,
                          " lies past the end of buffer ", Sv(name)));
       values[i].assign(1, b->second.ptr + offset);
+      b->second.written = true;
     } else {
       return Malformed("launch argument kind");
     }
@@ -318,87 +374,182 @@ absl::StatusOr<std::string> Proclet::Launch(std::string_view request) {
   return out;
 }
 
-absl::StatusOr<std::string> Proclet::Extract() {
+void Proclet::MarkAllWritten() {
+  for (auto& [name, b] : buffers_) b.written = true;
+  for (auto& [name, m] : modules_) m.sent = false;
+  precopy_buffer_.clear();
+  precopy_offset_ = 0;
+}
+
+absl::Status Proclet::AppendBuffer(std::string* out, const std::string& name,
+                                   const Buffer& b, uint64_t offset,
+                                   uint64_t n) {
+  wire::Writer w(out);
+  w.U8('B');
+  w.Str(name);
+  w.U64(b.bytes);
+  w.U64(offset);
+  w.U64(n);
+  size_t at = out->size();
+  out->resize(at + n);
+  return n == 0 ? absl::OkStatus()
+                : backend_->CopyOut(out->data() + at, b.ptr + offset, n);
+}
+
+void Proclet::AppendModule(std::string* out, const std::string& name,
+                           LoadedModule& m) {
+  wire::Writer w(out);
+  w.U8('M');
+  w.Str(name);
+  w.Str(m.image.ptx);
+  w.Str(m.image.host_library);
+  m.sent = true;
+}
+
+// The reply: kOk, then the GpuState.
+absl::StatusOr<std::string> Proclet::Extract(bool delta) {
   if (auto s = backend_->Synchronize(); !s.ok()) return s;
-  std::string out;
   size_t size = 64;  // one allocation: growing would copy what is in
-  for (const auto& [name, b] : buffers_) size += 16 + name.size() + b.bytes;
+  for (const auto& [name, b] : buffers_)
+    if (!delta || b.written) size += 48 + name.size() + b.bytes;
   for (const auto& [name, m] : modules_)
-    size += 16 + name.size() + m.image.ptx.size() + m.image.host_library.size();
+    if (!delta || !m.sent)
+      size +=
+          16 + name.size() + m.image.ptx.size() + m.image.host_library.size();
+  std::string out(1, static_cast<char>(StateCode::kOk));
   out.reserve(size);
   wire::Writer w(&out);
-  w.U32(kStateMagic);
+  w.U32(wire::kGpuStateMagic);
+  for (auto& [name, m] : modules_)
+    if (!delta || !m.sent) AppendModule(&out, name, m);
+  for (auto& [name, b] : buffers_)
+    if (!delta || b.written) {
+      if (auto s = AppendBuffer(&out, name, b, 0, b.bytes); !s.ok()) return s;
+      b.written = false;
+    }
+  w.U8('E');
   w.U64(launches_);
+  w.U64(generation_);
   w.U32(static_cast<uint32_t>(buffers_.size()));
-  for (const auto& [name, b] : buffers_) {
-    w.Str(name);
-    w.U64(b.bytes);
-    size_t at = out.size();
-    out.resize(at + b.bytes);
-    if (auto s = backend_->CopyOut(out.data() + at, b.ptr, b.bytes); !s.ok())
-      return s;
+  for (const auto& [name, b] : buffers_) w.Str(name);
+  return out;
+}
+
+// The reply: kOk, u8 pass_done, then the GpuState part.
+absl::StatusOr<std::string> Proclet::Precopy(bool restart, uint64_t max_bytes) {
+  if (auto s = backend_->Synchronize(); !s.ok()) return s;
+  if (restart) MarkAllWritten();
+  std::string out(2, '\0');
+  out[0] = static_cast<char>(StateCode::kOk);
+  out.reserve(2 + 64 + std::min<uint64_t>(max_bytes, 64u << 20));
+  wire::Writer(&out).U32(wire::kGpuStateMagic);
+  for (auto& [name, m] : modules_)
+    if (!m.sent) AppendModule(&out, name, m);
+  // Where the pass stopped: inside a buffer not written since, go on from
+  // there; a buffer written again (or re-made) meanwhile is copied whole
+  // later (it is marked written).
+  auto it = buffers_.lower_bound(precopy_buffer_);
+  uint64_t offset = 0;
+  if (precopy_offset_ > 0 && it != buffers_.end() &&
+      it->first == precopy_buffer_) {
+    if (!it->second.written && precopy_offset_ < it->second.bytes)
+      offset = precopy_offset_;
+    else
+      ++it;
   }
-  w.U32(static_cast<uint32_t>(modules_.size()));
-  for (const auto& [name, m] : modules_) {
-    w.Str(name);
-    w.Str(m.image.ptx);
-    w.Str(m.image.host_library);
+  uint64_t budget = std::max<uint64_t>(max_bytes, 1);
+  for (; it != buffers_.end(); ++it, offset = 0) {
+    Buffer& b = it->second;
+    if (offset == 0) {
+      if (!b.written) continue;
+      b.written = false;
+    }
+    do {
+      if (budget == 0) {  // this part is full: the next one goes on here
+        precopy_buffer_ = it->first;
+        precopy_offset_ = offset;
+        return out;
+      }
+      const uint64_t n = std::min(b.bytes - offset, budget);
+      if (auto s = AppendBuffer(&out, it->first, b, offset, n); !s.ok())
+        return s;
+      offset += n;
+      budget -= n;
+    } while (offset < b.bytes);
   }
+  precopy_buffer_.clear();
+  precopy_offset_ = 0;
+  out[1] = 1;  // the pass is done
   return out;
 }
 
 absl::Status Proclet::Inject(std::string_view state) {
-  Clear();
-  launches_ = 0;
   wire::Reader r(state);
-  uint32_t magic, buffers, modules;
-  uint64_t launches;
-  if (!r.U32(&magic) || magic != kStateMagic || !r.U64(&launches) ||
-      !r.U32(&buffers))
+  uint32_t magic;
+  if (!r.U32(&magic) || magic != wire::kGpuStateMagic)
     return Malformed("GPU proclet state");
-  for (uint32_t i = 0; i < buffers; ++i) {
-    std::string_view name;
-    uint64_t bytes;
-    if (!r.Str(&name) || !r.U64(&bytes) || r.rest().size() < bytes) {
-      Clear();
-      return Malformed("GPU proclet state (a buffer)");
+  while (!r.done()) {
+    uint8_t tag;
+    if (!r.U8(&tag)) return Malformed("GPU proclet state");
+    if (tag == 'B') {
+      std::string_view name;
+      uint64_t bytes, offset, n;
+      if (!r.Str(&name) || !r.U64(&bytes) || !r.U64(&offset) || !r.U64(&n) ||
+          r.rest().size() < n || offset > bytes || n > bytes - offset)
+        return Malformed("GPU proclet state (a buffer)");
+      auto it = buffers_.find(name);
+      if (it != buffers_.end() && it->second.bytes != bytes) {
+        if (auto s = backend_->Synchronize(); !s.ok()) return s;
+        backend_->Free(it->second.ptr, it->second.bytes);
+        used_ -= it->second.bytes;
+        buffers_.erase(it);
+        it = buffers_.end();
+      }
+      if (it == buffers_.end()) {
+        if (auto made = Alloc(name, bytes); !made.ok()) return made.status();
+        it = buffers_.find(name);
+      }
+      if (n > 0)
+        if (auto s =
+                backend_->CopyIn(it->second.ptr + offset, r.rest().data(), n);
+            !s.ok())
+          return s;
+      r = wire::Reader(r.rest().substr(n));
+    } else if (tag == 'M') {
+      std::string_view name, ptx, host;
+      if (!r.Str(&name) || !r.Str(&ptx) || !r.Str(&host))
+        return Malformed("GPU proclet state (a module)");
+      ModuleImage image;
+      image.ptx = ptx;
+      image.host_library = host;
+      if (auto s = LoadImage(name, std::move(image)); !s.ok()) return s;
+    } else if (tag == 'E') {
+      uint64_t launches, generation;
+      uint32_t n;
+      if (!r.U64(&launches) || !r.U64(&generation) || !r.U32(&n))
+        return Malformed("GPU proclet state (its end)");
+      std::set<std::string_view> keep;
+      for (uint32_t i = 0; i < n; ++i) {
+        std::string_view name;
+        if (!r.Str(&name)) return Malformed("GPU proclet state (its end)");
+        keep.insert(name);
+      }
+      if (auto s = backend_->Synchronize(); !s.ok()) return s;
+      for (auto it = buffers_.begin(); it != buffers_.end();) {
+        if (keep.count(it->first)) {
+          ++it;
+          continue;
+        }
+        backend_->Free(it->second.ptr, it->second.bytes);
+        used_ -= it->second.bytes;
+        it = buffers_.erase(it);
+      }
+      launches_ = launches;
+      generation_ = generation + 1;  // moved: callers are told
+    } else {
+      return Malformed("GPU proclet state (a record)");
     }
-    auto out = Alloc(name, bytes);
-    if (!out.ok()) {
-      Clear();
-      return out.status();
-    }
-    if (auto s = backend_->CopyIn(buffers_.find(name)->second.ptr,
-                                  r.rest().data(), bytes);
-        !s.ok()) {
-      Clear();
-      return s;
-    }
-    r = wire::Reader(r.rest().substr(bytes));
   }
-  if (!r.U32(&modules)) {
-    Clear();
-    return Malformed("GPU proclet state (modules)");
-  }
-  for (uint32_t i = 0; i < modules; ++i) {
-    std::string_view name;
-    ModuleImage image;
-    std::string_view ptx, host;
-    if (!r.Str(&name) || !r.Str(&ptx) || !r.Str(&host)) {
-      Clear();
-      return Malformed("GPU proclet state (a module)");
-    }
-    image.ptx = ptx;
-    image.host_library = host;
-    auto module = backend_->Load(image);
-    if (!module.ok()) {
-      Clear();
-      return module.status();
-    }
-    modules_.emplace(std::string(name),
-                     LoadedModule{std::move(image), *std::move(module)});
-  }
-  launches_ = launches;
   return absl::OkStatus();
 }
 

@@ -178,9 +178,13 @@ void DataPort::ServePeer(int fd) {
         if (!batch.empty() && !flush()) return;
         std::string reply;
         try {
-          reply = gpu_.adopt(r, [&reader](char* dst, size_t n) {
-            return reader.ReadRaw(dst, n);
-          });
+          PeerStream stream{
+              [&reader](std::string* f) { return reader.Next(f); },
+              [&reader](char* dst, size_t n) { return reader.ReadRaw(dst, n); },
+              [fd](std::string_view reply) {
+                return WriteBytesFrame(fd, reply);
+              }};
+          reply = gpu_.adopt(r, stream);
         } catch (const std::exception& e) {
           fprintf(stderr, "silt-invoker: GPU proclet move: %s\n", e.what());
           return;

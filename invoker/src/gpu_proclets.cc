@@ -30,6 +30,13 @@ namespace {
 constexpr std::chrono::seconds kMovedKept{120};
 // Requests that follow a proclet from node to node before giving up.
 constexpr int kMaxHops = 8;
+// A move's pre-copy: bytes per part (what a call may wait behind, once), and
+// passes over what was written meanwhile before the pause.
+constexpr uint64_t kPrecopyPartBytes = 8u << 20;
+constexpr int kPrecopyPasses = 3;
+// A proclet process's own memory besides its buffers (its modules, a GPU
+// context's host side).
+constexpr uint64_t kProcessOverhead = 256u << 20;
 
 absl::string_view Sv(std::string_view s) { return {s.data(), s.size()}; }
 
@@ -101,7 +108,8 @@ bool ParseInfo(std::string_view reply, GpuProcletInfo* i) {
   wire::Reader r(reply.substr(1));
   std::string_view backend, device;
   if (!r.Str(&backend) || !r.Str(&device) || !r.U64(&i->memory_limit) ||
-      !r.U64(&i->memory_used) || !r.U64(&i->launches))
+      !r.U64(&i->memory_used) || !r.U64(&i->launches) ||
+      !r.U64(&i->generation) || !r.U64(&i->pending_limit))
     return false;
   i->backend = backend;
   i->device = device;
@@ -115,7 +123,7 @@ bool ParseInfo(std::string_view reply, GpuProcletInfo* i) {
 struct GpuProclets::Proclet {
   std::string ns, function, name;
   std::string dir;  // DATA_DIR/gpu/<id>: its /tmp and (empty) bundle dir
-  uint64_t memory_limit = 0;
+  std::atomic<uint64_t> memory_limit{0};  // its allocation
   absl::Mutex mu;
   std::unique_ptr<SandboxedProcess> proc ABSL_GUARDED_BY(mu);
   int channel ABSL_GUARDED_BY(mu) = -1;
@@ -123,6 +131,7 @@ struct GpuProclets::Proclet {
   // GpuProclets::mu_, a move holds mu while it takes mu_).
   std::atomic<bool> lost{false};
   std::string moved_to ABSL_GUARDED_BY(mu);      // it moved there
+  std::atomic<bool> moving{false};               // a move is under way
   absl::Mutex info_mu;                           // after mu
   GpuProcletInfo last ABSL_GUARDED_BY(info_mu);  // as last asked
 
@@ -144,24 +153,26 @@ struct GpuProclets::Proclet {
     proc.reset();  // kills and reaps
   }
 
-  std::string Exchange(std::string_view request) {
+  std::string Exchange(std::string_view request, std::string_view more = {}) {
     absl::MutexLock lock(&mu);
-    return ExchangeLocked(request);
+    return ExchangeLocked(request, more);
   }
 
-  // One request and its reply; kMoved once it moved, kLost once its process
-  // ended.
-  std::string ExchangeLocked(std::string_view request)
+  // One request (`request` then `more`, unjoined) and its reply; kMoved once
+  // it moved, kLost once its process ended.
+  std::string ExchangeLocked(std::string_view request,
+                             std::string_view more = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (!moved_to.empty()) return MovedReply(moved_to);
     if (lost || proc == nullptr)
       return Reply(StateCode::kLost,
                    "the GPU proclet's process ended; its buffers are lost");
-    uint64_t n = request.size();
+    uint64_t n = request.size() + more.size();
     uint64_t m = 0;
     std::string reply;
     if (WriteFull(channel, &n, sizeof(n)) &&
         WriteFull(channel, request.data(), request.size()) &&
+        WriteFull(channel, more.data(), more.size()) &&
         ReadFull(channel, &m, sizeof(m)) && m < (uint64_t{1} << 40)) {
       reply.resize(m);
       if (ReadFull(channel, reply.data(), m) && !reply.empty()) return reply;
@@ -241,7 +252,8 @@ absl::StatusOr<std::shared_ptr<GpuProclets::Proclet>> GpuProclets::Start(
   sb.cgroup = absl::StrCat(options_.cgroup_prefix, "/gpu-", id);
   // On the host backend its buffers are process memory: the limit, and room
   // for the process and its modules.
-  sb.memory_limit_bytes = memory_limit > 0 ? memory_limit + (256u << 20) : 0;
+  sb.memory_limit_bytes =
+      memory_limit > 0 ? memory_limit + kProcessOverhead : 0;
   sb.argv = {
       absl::StrCat(kSandboxWorkerDir, "/silt-gpu-host"),
       absl::StrCat("--backend=", backend.empty() ? options_.backend : backend),
@@ -328,7 +340,8 @@ std::string GpuProclets::Remote(const std::string& address,
 
 std::string GpuProclets::Route(const std::string& ns,
                                const std::string& function,
-                               const std::string& name, uint64_t memory_limit,
+                               const std::string& name,
+                               const GpuProcletsOptions::FunctionInfo& fn,
                                std::string_view op_request) {
   const std::string key = ProcletKey(ns, function, name);
   const std::string self = options_.data_address();
@@ -338,18 +351,21 @@ std::string GpuProclets::Route(const std::string& ns,
       absl::MutexLock lock(&mu_);
       if (auto it = where_.find(key); it != where_.end()) address = it->second;
     }
-    // The directory just said so (it may be placed there now), or a cache.
+    // The directory just said so (it may be placed there now, with this
+    // allocation), or a cache.
     const bool placed = address.empty();
+    uint64_t memory_limit = fn.memory_limit;
     if (address.empty()) {
       if (!options_.locate) {
         address = self;
       } else {
-        auto located = options_.locate(ns, function, name, memory_limit);
+        auto located = options_.locate(ns, function, name, fn);
         if (!located.ok())
           return Reply(StateCode::kUnavailable,
                        absl::StrCat("placing the GPU proclet: ",
                                     located.status().message()));
-        address = *located;
+        address = located->data_address;
+        memory_limit = located->memory_limit;
       }
       absl::MutexLock lock(&mu_);
       where_[key] = address;
@@ -406,17 +422,23 @@ std::string GpuProclets::Serve(const std::string& ns,
     return Reply(StateCode::kInvalid,
                  "a GPU proclet's name is 1-63 characters of [a-z0-9._-], "
                  "starting with a letter or digit");
-  if (wire::IsInvokerOnly(static_cast<GpuOp>(gpu_op)))
+  // The op itself, inside a kSince (the SDK's reconfiguration check).
+  std::string_view op_request =
+      request.substr(request.size() - r.rest().size() - 1);
+  if (static_cast<GpuOp>(gpu_op) == GpuOp::kSince) {
+    uint64_t seen;
+    if (!r.U64(&seen) || !r.U8(&gpu_op))
+      return Reply(StateCode::kInvalid, "malformed GPU request");
+  }
+  if (wire::IsInvokerOnly(static_cast<GpuOp>(gpu_op)) ||
+      static_cast<GpuOp>(gpu_op) == GpuOp::kSince)
     return Reply(StateCode::kInvalid,
                  "that GPU operation is the invoker's own");
   auto fn = options_.function(ns, function);
   if (!fn.ok())
     return Reply(StateCode::kUnavailable, std::string(fn.status().message()));
   const std::string name(name_view);
-  // The request from its GpuOp on.
-  std::string_view op_request =
-      request.substr(request.size() - r.rest().size() - 1);
-  std::string reply = Route(ns, function, name, fn->memory_limit, op_request);
+  std::string reply = Route(ns, function, name, *fn, op_request);
   if (static_cast<GpuOp>(gpu_op) != GpuOp::kLoad ||
       CodeOf(reply) != StateCode::kNotFound)
     return reply;
@@ -440,7 +462,7 @@ std::string GpuProclets::Serve(const std::string& ns,
   w.Str(module);
   w.Str(ptx);
   w.Str(host);
-  return Route(ns, function, name, fn->memory_limit, load);
+  return Route(ns, function, name, *fn, load);
 }
 
 std::string GpuProclets::ServePeer(wire::Reader& r) {
@@ -456,28 +478,47 @@ std::string GpuProclets::ServePeer(wire::Reader& r) {
                    memory_limit, placed != 0, request);
 }
 
-std::string GpuProclets::AdoptPeer(
-    wire::Reader& r,
-    const std::function<absl::Status(char*, size_t)>& read_state) {
+std::string GpuProclets::AdoptPeer(wire::Reader& r, PeerStream& stream) {
   std::string_view ns, function, name, backend;
-  uint64_t memory_limit, bytes;
+  uint64_t memory_limit;
   if (!r.Str(&ns) || !r.Str(&function) || !r.Str(&name) ||
-      !r.U64(&memory_limit) || !r.Str(&backend) || !r.U64(&bytes) ||
-      !wire::ValidStructureName(name) || bytes > (uint64_t{1} << 40))
+      !r.U64(&memory_limit) || !r.Str(&backend) ||
+      !wire::ValidStructureName(name))
     return {};  // malformed: the connection ends
-  std::string inject(1, static_cast<char>(GpuOp::kInject));
-  inject.resize(1 + bytes);
-  if (!read_state(inject.data() + 1, bytes).ok()) return {};
-  auto start = Clock::now();
   auto p = Start(std::string(ns), std::string(function), std::string(name),
                  memory_limit, std::string(backend));
   if (!p.ok())
     return Reply(
         StateCode::kUnavailable,
         absl::StrCat("starting the GPU proclet here: ", p.status().message()));
-  std::string done = (*p)->Exchange(inject);
-  if (CodeOf(done) != StateCode::kOk) return done;
-  const double inject_ms = MsSince(start);
+  if (!stream.reply(Reply(StateCode::kOk)).ok()) return {};
+  // Its state's parts, each into the process as it comes; the first failure
+  // is the commit's answer. Until then nobody calls it, and it ends (with
+  // *p) if the source gives up.
+  std::string failed, frame, part;
+  double inject_ms = 0;
+  for (;;) {
+    if (!stream.next(&frame).ok()) return {};
+    wire::Reader f(frame);
+    uint8_t step;
+    uint64_t n;
+    if (!f.U8(&step) || !f.U64(&n) || n > (uint64_t{1} << 40) ||
+        (step != static_cast<uint8_t>(GpuAdoptStep::kPart) &&
+         step != static_cast<uint8_t>(GpuAdoptStep::kCommit)))
+      return {};
+    part.resize(1 + n);
+    part[0] = static_cast<char>(GpuOp::kInject);
+    if (!stream.read_raw(part.data() + 1, n).ok()) return {};
+    const auto start = Clock::now();
+    if (failed.empty()) {
+      std::string done = (*p)->Exchange(part);
+      if (CodeOf(done) != StateCode::kOk) failed = std::move(done);
+    }
+    if (step == static_cast<uint8_t>(GpuAdoptStep::kPart)) continue;
+    if (!failed.empty()) return failed;
+    inject_ms = MsSince(start);
+    break;
+  }
   GpuProcletInfo info = (*p)->Info();
   {
     const std::string key = ProcletKey(ns, function, name);
@@ -494,6 +535,103 @@ std::string GpuProclets::AdoptPeer(
   return out;
 }
 
+// Where a move sends the proclet's state: a second process here (onto
+// another backend of this node), or a peer's data port (kGpuAdopt).
+struct GpuProclets::MoveTarget {
+  std::string address;
+  std::shared_ptr<Proclet> local;
+  std::unique_ptr<PeerConn> conn;
+  absl::Status failed;  // the first part the local process refused
+};
+
+absl::Status GpuProclets::BeginMove(const Proclet& p, const std::string& target,
+                                    const std::string& backend,
+                                    MoveTarget* to) {
+  to->address = target;
+  if (target == options_.data_address()) {
+    auto q = Start(p.ns, p.function, p.name, p.memory_limit, backend);
+    if (!q.ok()) return q.status();
+    to->local = *std::move(q);
+    return absl::OkStatus();
+  }
+  to->conn = peers_.Take(target);
+  if (!to->conn)
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the target node's data port ", target));
+  std::string frame, reply;
+  wire::Writer w(&frame);
+  w.U8(static_cast<uint8_t>(PeerOp::kGpuAdopt));
+  w.Str(p.ns);
+  w.Str(p.function);
+  w.Str(p.name);
+  w.U64(p.memory_limit);
+  w.Str(backend);
+  if (!WriteBytesFrame(to->conn->fd, frame).ok() ||
+      !to->conn->reader->Next(&reply).ok() || reply.empty())
+    return absl::UnavailableError(
+        absl::StrCat("lost the connection to ", target, " while moving"));
+  if (CodeOf(reply) != StateCode::kOk)
+    return absl::FailedPreconditionError(
+        absl::StrCat("the target cannot host the GPU proclet: ",
+                     Sv(std::string_view(reply).substr(1))));
+  return absl::OkStatus();
+}
+
+absl::Status GpuProclets::SendPart(MoveTarget& to, GpuAdoptStep step,
+                                   std::string_view state) {
+  if (to.local) {
+    if (!to.failed.ok()) return absl::OkStatus();  // said at the commit
+    const char op = static_cast<char>(GpuOp::kInject);
+    std::string done = to.local->Exchange(std::string_view(&op, 1), state);
+    if (CodeOf(done) != StateCode::kOk)
+      to.failed = absl::FailedPreconditionError(
+          absl::StrCat("the target backend refused the state: ",
+                       Sv(std::string_view(done).substr(1))));
+    return absl::OkStatus();
+  }
+  std::string frame;
+  wire::Writer w(&frame);
+  w.U8(static_cast<uint8_t>(step));
+  w.U64(state.size());
+  if (!WriteBytesFrame(to.conn->fd, frame).ok() ||
+      !WriteAll(to.conn->fd, state).ok())
+    return absl::UnavailableError(
+        absl::StrCat("lost the connection to ", to.address, " while moving"));
+  return absl::OkStatus();
+}
+
+absl::Status GpuProclets::CommitMove(MoveTarget& to, std::string_view delta,
+                                     GpuMoveResult* m) {
+  const auto start = Clock::now();
+  if (auto s = SendPart(to, GpuAdoptStep::kCommit, delta); !s.ok()) return s;
+  if (to.local) {
+    if (!to.failed.ok()) return to.failed;
+    m->inject_ms = MsSince(start);
+    GpuProcletInfo info = to.local->Info();
+    m->to_backend = info.backend;
+    m->to_device = info.device;
+    return absl::OkStatus();
+  }
+  std::string reply;
+  if (!to.conn->reader->Next(&reply).ok() || reply.empty())
+    return absl::UnavailableError(
+        absl::StrCat("lost the connection to ", to.address, " while moving"));
+  if (CodeOf(reply) != StateCode::kOk)
+    return absl::FailedPreconditionError(
+        absl::StrCat("the target refused the GPU proclet: ",
+                     Sv(std::string_view(reply).substr(1))));
+  wire::Reader r(std::string_view(reply).substr(1));
+  std::string_view to_backend, to_device;
+  uint64_t inject_us = 0;
+  if (!r.Str(&to_backend) || !r.Str(&to_device) || !r.U64(&inject_us))
+    return absl::InternalError("bad reply from the target");
+  peers_.Give(to.address, std::move(to.conn));
+  m->to_backend = to_backend;
+  m->to_device = to_device;
+  m->inject_ms = inject_us / 1000.0;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
                                                    const std::string& function,
                                                    const std::string& name,
@@ -506,90 +644,161 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
                                             function, " moved to ",
                                             held->moved_to, " already"));
   std::shared_ptr<Proclet> p = held->proclet;
-  const std::string key = ProcletKey(ns, function, name);
-  const bool here = target == options_.data_address();
-  GpuMoveResult m;
-  // Calls wait on the proclet's lock from here on: at a kernel boundary.
-  absl::MutexLock lock(&p->mu);
+  if (p->moving.exchange(true))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU proclet ", name, " of ", function, " is being moved already"));
+  struct NotMoving {  // again when this returns
+    std::atomic<bool>& moving;
+    ~NotMoving() { moving = false; }
+  } not_moving{p->moving};
   GpuProcletInfo from;
-  if (!ParseInfo(p->ExchangeLocked(std::string(1, char(GpuOp::kInfo))), &from))
+  if (!ParseInfo(p->Exchange(std::string(1, char(GpuOp::kInfo))), &from))
     return absl::FailedPreconditionError(
         "the GPU proclet does not answer (its process ended?)");
+  GpuMoveResult m;
   m.from_backend = from.backend;
   m.bytes = from.memory_used;
+  MoveTarget to;
+  if (auto s = BeginMove(*p, target, backend, &to); !s.ok()) return s;
+
+  // Pre-copy: the buffers go a part at a time while calls go on between the
+  // parts; then again what was written meanwhile, while that shrinks.
+  const auto precopy_start = Clock::now();
+  bool restart = true;
+  uint64_t last_pass = ~uint64_t{0};
+  for (int pass = 0; pass < kPrecopyPasses; ++pass) {
+    uint64_t pass_bytes = 0;
+    for (bool done = false; !done;) {
+      std::string request(1, static_cast<char>(GpuOp::kPrecopy));
+      wire::Writer w(&request);
+      w.U8(restart ? 1 : 0);
+      w.U64(kPrecopyPartBytes);
+      restart = false;
+      std::string part = p->Exchange(request);
+      if (CodeOf(part) != StateCode::kOk || part.size() < 2)
+        return absl::FailedPreconditionError(
+            absl::StrCat("copying the GPU proclet's state: ",
+                         Sv(std::string_view(part).substr(1))));
+      done = part[1] != 0;
+      pass_bytes += part.size() - 2;
+      if (auto s = SendPart(to, GpuAdoptStep::kPart,
+                            std::string_view(part).substr(2));
+          !s.ok())
+        return s;
+    }
+    m.precopy_bytes += pass_bytes;
+    if (pass_bytes < kPrecopyPartBytes || pass_bytes >= last_pass) break;
+    last_pass = pass_bytes;
+  }
+  m.precopy_ms = MsSince(precopy_start);
+
+  // The pause: calls wait on the proclet's lock from here on (at a kernel
+  // boundary) while what was written since its pre-copy goes.
+  const std::string key = ProcletKey(ns, function, name);
+  absl::MutexLock lock(&p->mu);
   const auto start = Clock::now();
-  std::string state =
-      p->ExchangeLocked(std::string(1, static_cast<char>(GpuOp::kExtract)));
-  if (CodeOf(state) != StateCode::kOk)
-    return absl::InternalError(
-        absl::StrCat("taking the GPU proclet's state: ",
-                     Sv(std::string_view(state).substr(1))));
-  m.extract_ms = MsSince(start);
-  auto resume = [&](absl::Status why) {
+  std::string delta = p->ExchangeLocked(
+      std::string{static_cast<char>(GpuOp::kExtract), char{1}});
+  auto resume = [&](absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) {
     p->ExchangeLocked(std::string(1, static_cast<char>(GpuOp::kResume)));
     return why;
   };
-  if (here) {
-    // Onto another backend of this node: a second process, then swap.
-    auto q = Start(ns, function, name, p->memory_limit, backend);
-    if (!q.ok()) return resume(q.status());
-    state[0] = static_cast<char>(GpuOp::kInject);
-    auto inject_start = Clock::now();
-    std::string done = (*q)->Exchange(state);
-    if (CodeOf(done) != StateCode::kOk)
-      return resume(absl::FailedPreconditionError(
-          absl::StrCat("the target backend refused the state: ",
-                       Sv(std::string_view(done).substr(1)))));
-    m.inject_ms = MsSince(inject_start);
-    GpuProcletInfo to = (*q)->Info();
-    m.to_backend = to.backend;
-    m.to_device = to.device;
+  if (CodeOf(delta) != StateCode::kOk)
+    return resume(absl::InternalError(
+        absl::StrCat("taking the GPU proclet's state: ",
+                     Sv(std::string_view(delta).substr(1)))));
+  m.extract_ms = MsSince(start);
+  m.paused_bytes = delta.size() - 1;
+  if (auto s = CommitMove(to, std::string_view(delta).substr(1), &m); !s.ok())
+    return resume(s);
+  {
     absl::MutexLock l(&mu_);
-    proclets_[key] = *q;
-  } else {
-    std::string frame;
-    wire::Writer w(&frame);
-    w.U8(static_cast<uint8_t>(PeerOp::kGpuAdopt));
-    w.Str(ns);
-    w.Str(function);
-    w.Str(name);
-    w.U64(p->memory_limit);
-    w.Str(backend);
-    w.U64(state.size() - 1);
-    std::unique_ptr<PeerConn> c = peers_.Take(target);
-    if (!c)
-      return resume(absl::UnavailableError(
-          absl::StrCat("cannot reach the target node's data port ", target)));
-    std::string reply;
-    if (!WriteBytesFrame(c->fd, frame).ok() ||
-        !WriteAll(c->fd, std::string_view(state).substr(1)).ok() ||
-        !c->reader->Next(&reply).ok() || reply.empty())
-      return resume(absl::UnavailableError(
-          absl::StrCat("lost the connection to ", target, " while moving")));
-    if (CodeOf(reply) != StateCode::kOk)
-      return resume(absl::FailedPreconditionError(
-          absl::StrCat("the target refused the GPU proclet: ",
-                       Sv(std::string_view(reply).substr(1)))));
-    wire::Reader r(std::string_view(reply).substr(1));
-    std::string_view to_backend, to_device;
-    uint64_t inject_us = 0;
-    if (!r.Str(&to_backend) || !r.Str(&to_device) || !r.U64(&inject_us))
-      return resume(absl::InternalError("bad reply from the target"));
-    peers_.Give(target, std::move(c));
-    m.to_backend = to_backend;
-    m.to_device = to_device;
-    m.inject_ms = inject_us / 1000.0;
-    absl::MutexLock l(&mu_);
-    if (auto it = proclets_.find(key); it != proclets_.end() && it->second == p)
-      proclets_.erase(it);
-    moved_[key] = {target, Clock::now()};
-    where_[key] = target;
+    if (to.local) {
+      proclets_[key] = to.local;
+    } else {
+      if (auto it = proclets_.find(key);
+          it != proclets_.end() && it->second == p)
+        proclets_.erase(it);
+      moved_[key] = {target, Clock::now()};
+      where_[key] = target;
+    }
   }
   // Late callers waiting on this proclet follow it.
   p->moved_to = target;
   p->EndLocked();
   m.pause_ms = MsSince(start);
   return m;
+}
+
+absl::StatusOr<GpuProcletInfo> GpuProclets::Resize(const std::string& ns,
+                                                   const std::string& function,
+                                                   const std::string& name,
+                                                   uint64_t limit,
+                                                   absl::Duration wait) {
+  auto held = Hold(ns, function, name, 0, /*create=*/false);
+  if (!held.ok()) return held.status();
+  if (!held->moved_to.empty())
+    return absl::NotFoundError(absl::StrCat(
+        "GPU proclet ", name, " of ", function, " moved to ", held->moved_to));
+  std::shared_ptr<Proclet> p = held->proclet;
+  if (p->moving.exchange(true))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU proclet ", name, " of ", function, " is being moved or resized"));
+  struct NotMoving {
+    std::atomic<bool>& moving;
+    ~NotMoving() { moving = false; }
+  } not_moving{p->moving};
+  auto set_limit = [&](uint64_t bytes) {
+    std::string req(1, static_cast<char>(GpuOp::kSetLimit));
+    wire::Writer(&req).U64(bytes);
+    GpuProcletInfo i;
+    if (!ParseInfo(p->Exchange(req), &i))
+      return absl::StatusOr<GpuProcletInfo>(absl::FailedPreconditionError(
+          "the GPU proclet does not answer (its process ended?)"));
+    return absl::StatusOr<GpuProcletInfo>(i);
+  };
+  GpuProcletInfo before;
+  if (!ParseInfo(p->Exchange(std::string(1, char(GpuOp::kInfo))), &before))
+    return absl::FailedPreconditionError(
+        "the GPU proclet does not answer (its process ended?)");
+  // On the host backend its buffers are process memory: its cgroup makes
+  // room first (and is trimmed to the new allocation after).
+  auto cgroup_limit = [&](uint64_t bytes) {
+    absl::MutexLock lock(&p->mu);
+    if (p->proc != nullptr)
+      p->proc->cgroup().SetMemoryLimit(bytes + kProcessOverhead).IgnoreError();
+  };
+  cgroup_limit(std::max(before.memory_limit, limit));
+  auto now = set_limit(limit);
+  if (!now.ok()) return now.status();
+  // Holding more: the function's callbacks are told (pending_limit) on their
+  // next call, and Free; wait a while for that.
+  const absl::Time deadline = absl::Now() + wait;
+  while (now->pending_limit != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    GpuProcletInfo i;
+    if (!ParseInfo(p->Exchange(std::string(1, char(GpuOp::kInfo))), &i))
+      return absl::FailedPreconditionError(
+          "the GPU proclet does not answer (its process ended?)");
+    *now = i;
+  }
+  if (now->pending_limit != 0) {
+    const uint64_t used = now->memory_used;
+    (void)set_limit(std::max(before.memory_limit, used));  // called off
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU proclet ", name, " of ", function, " holds ", used,
+        " bytes, more than ", limit,
+        ", and its function did not free enough "
+        "within ",
+        absl::FormatDuration(wait),
+        " (a reconfiguration callback, silt::Gpu::OnReconfigure, can)"));
+  }
+  cgroup_limit(limit);
+  p->memory_limit = limit;  // where it moves next, it gets as much
+  now->ns = ns;
+  now->function = function;
+  now->name = name;
+  return *now;
 }
 
 std::vector<GpuProcletInfo> GpuProclets::List() {

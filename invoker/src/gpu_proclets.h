@@ -26,6 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "peer_wire.h"
 
 namespace silt::invoker {
@@ -43,20 +44,25 @@ struct GpuProcletsOptions {
   std::function<std::string()> data_address;
   std::function<std::string()> hello;
   // The function as this node runs it: its unpacked bundle (the kernels)
-  // and the device memory each of its proclets may hold (0: the device's).
-  // NotFound when the node does not run it.
+  // and the device memory each of its proclets may hold at most (0: the
+  // device's), at least, and prefers (its labels; 0: unset). NotFound when
+  // the node does not run it.
   struct FunctionInfo {
     std::string bundle_dir;
-    uint64_t memory_limit = 0;
+    uint64_t memory_limit = 0, min_memory = 0, preferred_memory = 0;
   };
   std::function<absl::StatusOr<FunctionInfo>(const std::string& ns,
                                              const std::string& function)>
       function;
-  // The data port of the node holding the proclet (the gateway's GPU
-  // directory; it places the proclet when it is nowhere).
-  std::function<absl::StatusOr<std::string>(
+  // The data port of the node holding the proclet and its allocation there
+  // (the gateway's GPU directory; it places the proclet when it is nowhere).
+  struct Location {
+    std::string data_address;
+    uint64_t memory_limit = 0;
+  };
+  std::function<absl::StatusOr<Location>(
       const std::string& ns, const std::string& function,
-      const std::string& name, uint64_t memory_limit)>
+      const std::string& name, const FunctionInfo& needs)>
       locate;
 };
 
@@ -64,11 +70,15 @@ struct GpuProcletInfo {
   std::string ns, function, name;
   std::string backend, device;
   uint64_t memory_limit = 0, memory_used = 0, launches = 0;
+  uint64_t generation = 0, pending_limit = 0;
 };
 
 struct GpuMoveResult {
   std::string from_backend, to_backend, to_device;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;          // its buffers
+  uint64_t precopy_bytes = 0;  // copied while it ran on
+  uint64_t paused_bytes = 0;   // copied in the pause
+  double precopy_ms = 0;
   double pause_ms = 0, extract_ms = 0, inject_ms = 0;
 };
 
@@ -84,19 +94,28 @@ class GpuProclets {
   // A peer's PeerOp::kGpu frame (after the op byte): served by the proclet
   // held here (started if it is not), or kMoved with where it went.
   std::string ServePeer(wire::Reader& frame);
-  // A peer's PeerOp::kGpuAdopt (after the op byte); `read_state` reads the
-  // state's bytes that follow the frame. The reply.
-  std::string AdoptPeer(
-      wire::Reader& frame,
-      const std::function<absl::Status(char*, size_t)>& read_state);
+  // A peer's PeerOp::kGpuAdopt (after the op byte) and the rest of that
+  // conversation; its last reply (empty: drop the connection).
+  std::string AdoptPeer(wire::Reader& frame, PeerStream& stream);
   // Moves a proclet held here to `target_data_address` (this node's own:
-  // onto another backend here) on `backend` ("" = the target's choice).
-  // NotFound when not held here.
+  // onto another backend here) on `backend` ("" = the target's choice): its
+  // buffers are copied while it runs on (pre-copy), then, in the pause, what
+  // was written since. NotFound when not held here; FailedPrecondition when
+  // it is being moved already.
   absl::StatusOr<GpuMoveResult> Migrate(const std::string& ns,
                                         const std::string& function,
                                         const std::string& name,
                                         const std::string& target_data_address,
                                         const std::string& backend);
+
+  // Sets the allocation of a proclet held here to `limit` bytes; one that
+  // holds more is asked to shrink (its function's reconfiguration callbacks
+  // see pending_limit) and given `wait` to Free down to it, else the resize
+  // is called off (FailedPrecondition). NotFound when not held here.
+  absl::StatusOr<GpuProcletInfo> Resize(const std::string& ns,
+                                        const std::string& function,
+                                        const std::string& name, uint64_t limit,
+                                        absl::Duration wait);
 
   // The proclets held here (for load reports); one busy launching is
   // reported as last seen.
@@ -107,6 +126,7 @@ class GpuProclets {
 
  private:
   struct Proclet;
+  struct MoveTarget;
   using Clock = std::chrono::steady_clock;
   // The proclet held here, started when absent (on `backend`, "" = the
   // node's). Its address instead when it moved away.
@@ -124,7 +144,8 @@ class GpuProclets {
                                                  const std::string& backend);
   // One request (GpuOp and arguments) to the proclet wherever it is.
   std::string Route(const std::string& ns, const std::string& function,
-                    const std::string& name, uint64_t memory_limit,
+                    const std::string& name,
+                    const GpuProcletsOptions::FunctionInfo& fn,
                     std::string_view op_request);
   std::string Remote(const std::string& address, const std::string& frame);
   // `placed`: the directory placed it here just now (start it if absent);
@@ -132,6 +153,15 @@ class GpuProclets {
   std::string ServeHere(const std::string& ns, const std::string& function,
                         const std::string& name, uint64_t memory_limit,
                         bool placed, std::string_view op_request);
+
+  // A move's three steps: the target started, a part of the state sent to
+  // it, the pause's delta sent and the target serving (`m` gets its side).
+  absl::Status BeginMove(const Proclet& p, const std::string& target,
+                         const std::string& backend, MoveTarget* to);
+  absl::Status SendPart(MoveTarget& to, GpuAdoptStep step,
+                        std::string_view state);
+  absl::Status CommitMove(MoveTarget& to, std::string_view delta,
+                          GpuMoveResult* m);
 
   GpuProcletsOptions options_;
   PeerPool peers_;

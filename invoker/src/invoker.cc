@@ -27,6 +27,25 @@ class ProcletService final : public pv1::ProcletHost::Service {
     res->set_pause_ms(m->pause_ms);
     res->set_extract_ms(m->extract_ms);
     res->set_inject_ms(m->inject_ms);
+    res->set_precopy_ms(m->precopy_ms);
+    res->set_precopy_bytes(m->precopy_bytes);
+    res->set_paused_bytes(m->paused_bytes);
+    return grpc::Status::OK;
+  }
+  grpc::Status ResizeGpuProclet(grpc::ServerContext*,
+                                const pv1::ResizeGpuProcletRequest* req,
+                                pv1::ResizeGpuProcletResponse* res) override {
+    GpuProclets* gpu = gpu_();
+    if (gpu == nullptr)
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the node is starting");
+    auto i = gpu->Resize(req->namespace_(), req->function(), req->name(),
+                         req->memory_limit(),
+                         absl::Milliseconds(std::min(req->wait_ms(), 60000u)));
+    if (!i.ok()) return ToGrpc(i.status());
+    res->set_memory_limit(i->memory_limit);
+    res->set_memory_used(i->memory_used);
+    res->set_generation(i->generation);
     return grpc::Status::OK;
   }
   grpc::Status DropGpuProclets(grpc::ServerContext*,
@@ -172,12 +191,15 @@ GpuProcletsOptions Invoker::Impl::GpuProcletsHere() {
   o.hello = [p] { return p->proclet_host->Hello(); };
   o.locate = [p](const std::string& ns, const std::string& function,
                  const std::string& name,
-                 uint64_t memory_limit) -> absl::StatusOr<std::string> {
+                 const GpuProcletsOptions::FunctionInfo& needs)
+      -> absl::StatusOr<GpuProcletsOptions::Location> {
     control::OpenGpuProcletRequest req;
     req.set_namespace_(ns);
     req.set_function(function);
     req.set_name(name);
-    req.set_memory_limit(memory_limit);
+    req.set_memory_limit(needs.memory_limit);
+    req.set_min_memory(needs.min_memory);
+    req.set_preferred_memory(needs.preferred_memory);
     req.set_node(p->node_name);
     control::GpuProcletLocation loc;
     grpc::ClientContext ctx;
@@ -187,7 +209,7 @@ GpuProcletsOptions Invoker::Impl::GpuProcletsHere() {
     if (!st.ok())
       return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
                           st.error_message());
-    return loc.data_address();
+    return GpuProcletsOptions::Location{loc.data_address(), loc.memory_limit()};
   };
   o.function = [p](const std::string& ns, const std::string& function)
       -> absl::StatusOr<GpuProcletsOptions::FunctionInfo> {
@@ -199,6 +221,8 @@ GpuProcletsOptions Invoker::Impl::GpuProcletsHere() {
       GpuProcletsOptions::FunctionInfo info;
       info.bundle_dir = pool->bundle->dir;
       info.memory_limit = pool->spec.gpu_memory_limit_bytes();
+      info.min_memory = pool->spec.gpu_min_memory_bytes();
+      info.preferred_memory = pool->spec.gpu_preferred_memory_bytes();
       return info;
     }
     return absl::NotFoundError(absl::StrCat(
@@ -348,12 +372,10 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
         return Error(wire::StateCode::kUnavailable, "the node is starting");
       return p->gpu_proclets->ServePeer(frame);
     };
-    po.gpu_peer.adopt =
-        [p](wire::Reader& frame,
-            const std::function<absl::Status(char*, size_t)>& read_state) {
-          if (!p->gpu_proclets) return std::string();
-          return p->gpu_proclets->AdoptPeer(frame, read_state);
-        };
+    po.gpu_peer.adopt = [p](wire::Reader& frame, PeerStream& stream) {
+      if (!p->gpu_proclets) return std::string();
+      return p->gpu_proclets->AdoptPeer(frame, stream);
+    };
     auto host = ProcletHost::Start(std::move(po));
     if (!host.ok()) return host.status();
     impl->proclet_host = *std::move(host);

@@ -53,12 +53,19 @@ enum class PeerOp : uint8_t {
   // its reply, or kMoved (str address, u64 0) when it moved away (address
   // "": not here; ask the directory).
   kGpu = 9,
-  // A GPU proclet moving here: str namespace, str function, str name, u64
-  // memory_limit, str backend ("" = this node's), u64 state bytes; then
-  // that many bytes of its state (a GpuOp::kExtract reply's body) follow,
-  // unframed -> code, then str backend, str device, u64 inject_us.
+  // A GPU proclet moving here, a conversation on this connection: str
+  // namespace, str function, str name, u64 memory_limit, str backend ("" =
+  // this node's) -> code (its process is started, not yet serving). Then
+  // frames u8 GpuAdoptStep, u64 n, each followed by n bytes of its state (a
+  // GpuState part, silt/gpu_wire.h), unframed: kPart (no reply: the
+  // pre-copy, the proclet still running at the source), then kCommit (the
+  // pause's delta) -> code (the first failure of any part), str backend,
+  // str device, u64 inject_us; from then on it serves here. The connection
+  // ending before kCommit's reply leaves nothing here.
   kGpuAdopt = 10,
 };
+
+enum class GpuAdoptStep : uint8_t { kPart = 1, kCommit = 2 };
 
 // Which function's instance runs a task (PeerOp::kRunTask), and for how long
 // at most.
@@ -73,16 +80,21 @@ struct TaskTarget {
 using TaskRunner =
     std::function<std::string(const TaskTarget& target, std::string_view call)>;
 
+// The rest of a conversation on a data connection, for a handler that reads
+// and answers more than one frame (kGpuAdopt).
+struct PeerStream {
+  std::function<absl::Status(std::string* frame)> next;
+  // Bytes that follow a frame, unframed.
+  std::function<absl::Status(char* dst, size_t n)> read_raw;
+  std::function<absl::Status(std::string_view reply)> reply;
+};
+
 // Serves the GPU proclet frames of peers (gpu_proclets.h): kGpu (after its
-// op byte; the reply), and kGpuAdopt (after its op byte; `read_state` reads
-// the state's bytes that follow the frame; the reply, empty to drop the
-// connection).
+// op byte; the reply), and kGpuAdopt (after its op byte; the conversation's
+// last reply, empty to drop the connection).
 struct GpuPeerHandlers {
   std::function<std::string(wire::Reader& frame)> serve;
-  std::function<std::string(
-      wire::Reader& frame,
-      const std::function<absl::Status(char*, size_t)>& read_state)>
-      adopt;
+  std::function<std::string(wire::Reader& frame, PeerStream& stream)> adopt;
 };
 
 // A kRunTask frame, and reading one (after its op byte); false when malformed.

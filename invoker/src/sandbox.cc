@@ -868,6 +868,20 @@ uint64_t OomKillCount(const std::string& memory_dir, bool v2) {
 
 }  // namespace
 
+absl::Status Cgroup::SetMemoryLimit(uint64_t bytes) {
+  if (v2_)
+    return WriteFile(memory_dir_ + "/memory.max",
+                     bytes > 0 ? std::to_string(bytes) : "max");
+  const std::string value = bytes > 0 ? std::to_string(bytes) : "-1";
+  const std::string plain = memory_dir_ + "/memory.limit_in_bytes";
+  const std::string memsw = memory_dir_ + "/memory.memsw.limit_in_bytes";
+  if (!std::filesystem::exists(memsw)) return WriteFile(plain, value);
+  // memory+swap is never below the plain limit: raised first, lowered last.
+  if (auto s = WriteFile(memsw, value); s.ok()) return WriteFile(plain, value);
+  if (auto s = WriteFile(plain, value); !s.ok()) return s;
+  return WriteFile(memsw, value);
+}
+
 bool Cgroup::OomKilled() const { return OomKillCount(memory_dir_, v2_) > 0; }
 
 uint64_t Cgroup::NewOomKills() {

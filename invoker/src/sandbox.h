@@ -94,6 +94,8 @@ class Cgroup {
   // of an instance's processes, e.g. a classic fprocess, while it lives on).
   uint64_t NewOomKills();
   uint64_t MemoryUsage() const;
+  // Its memory limit from now on (0: none).
+  absl::Status SetMemoryLimit(uint64_t bytes);
 
  private:
   Cgroup() = default;

@@ -4,8 +4,11 @@
 // the function) against the same kernel binary launched directly by a plain
 // program through the same backend (no Silt, same threads), in the same run;
 // and a GPU proclet of 64 MiB (and 1 GiB with --big) moved live between two
-// nodes (each in its own network namespace) against copying its bytes off
-// the device and back on (the physical limit of a move on one machine).
+// nodes (each in its own network namespace), idle and while a caller
+// launches on it, against copying its bytes off the device and back on (the
+// physical limit of a stop-and-copy move on one machine). A move pre-copies
+// the buffers while the proclet runs on; its pause carries what was written
+// meanwhile.
 //
 //   sudo build/tests/bench/bench_gpu [--runs 7] [--big]
 //
@@ -14,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +25,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -155,6 +160,7 @@ int main(int argc, char** argv) {
   // Kernel through Silt vs direct.
   std::vector<double> silt_ms;
   const std::string launch = absl::StrCat("op=launch&n=", kN, "&k=", kLaunches);
+  const std::string launch1 = absl::StrCat("op=launch&n=", kN, "&k=1");
   call(launch);  // buffers made, module loaded
   for (int r = 0; r < runs; ++r) {
     double us = 0;
@@ -181,40 +187,94 @@ int main(int argc, char** argv) {
   std::vector<std::string> summary;
   const char* where[] = {"node-b", "node-a"};
   int at = 0;  // the proclet is on node-a
-  for (const auto& [mib, label] : sizes) {
-    const std::string fill = call(absl::StrCat("op=fill&mib=", mib));
-    std::vector<double> pause, total, extract, inject;
-    uint64_t moved_bytes = 0;
+  // One series of moves back and forth; with `load`, a caller launches the
+  // saxpy (its 32 MiB written by every launch) all along.
+  struct Moves {
+    std::vector<double> pause, total, precopy, extract, inject;
+    std::vector<double> paused_mib;
+    uint64_t bytes = 0;
+    int calls = 0;
+  };
+  auto move = [&](bool load) {
+    Moves mv;
+    std::atomic<bool> stop{false};
+    std::atomic<int> calls{0};
+    std::string failure;  // set before `failed`
+    std::atomic<bool> failed{false};
+    std::thread caller;
+    if (load)
+      caller = std::thread([&] {
+        while (!stop) {
+          auto r = c.gateway().Call("POST", "/function/gpubench?" + launch1, "",
+                                    false);
+          if (r.status != 200) {
+            failure = r.body;
+            failed = true;
+            return;
+          }
+          ++calls;
+        }
+      });
     for (int r = 0; r < runs; ++r) {
+      // Under load, moves start while launches run (not between calls).
+      for (int seen = calls; load && calls < seen + 2 && !failed;)
+        std::this_thread::yield();
       auto start = Clock::now();
       auto m = c.gateway().Call("POST", "/system/proclets/" + id + "/migrate",
                                 json{{"node", where[at]}}.dump(), true);
       if (m.status != 200) Die("migrate: " + m.body);
-      total.push_back(Ms(Clock::now() - start));
+      mv.total.push_back(Ms(Clock::now() - start));
       at ^= 1;
       json j = json::parse(m.body);
-      pause.push_back(j.value("pauseMs", 0.0));
-      extract.push_back(j.value("extractMs", 0.0));
-      inject.push_back(j.value("injectMs", 0.0));
-      moved_bytes = j.value("bytes", uint64_t{0});
+      mv.pause.push_back(j.value("pauseMs", 0.0));
+      mv.precopy.push_back(j.value("precopyMs", 0.0));
+      mv.extract.push_back(j.value("extractMs", 0.0));
+      mv.inject.push_back(j.value("injectMs", 0.0));
+      mv.paused_mib.push_back(j.value("pausedBytes", 0.0) / 1048576.0);
+      mv.bytes = j.value("bytes", uint64_t{0});
     }
+    stop = true;
+    if (caller.joinable()) caller.join();
+    if (!failure.empty()) Die("a call during the moves failed: " + failure);
+    mv.calls = calls;
+    return mv;
+  };
+  for (const auto& [mib, label] : sizes) {
+    const std::string fill = call(absl::StrCat("op=fill&mib=", mib));
+    Moves idle = move(false);
+    Moves loaded = move(true);
     if (call(absl::StrCat("op=check&mib=", mib)) != fill)
       Die("the state changed across the moves");
     // Everything the proclet holds (the saxpy buffers too).
-    const double copy = CopyMs(*backend, moved_bytes, runs);
-    const double p = Median(pause);
-    printf(
-        "# %s (%.0f MiB held in all): pause %.1f ms p50 (max %.1f; copy "
-        "out %.1f, in %.1f), call %.1f ms; device->host->device copy of "
-        "the same bytes %.1f ms\n",
-        label.c_str(), moved_bytes / 1048576.0, p,
-        *std::max_element(pause.begin(), pause.end()), Median(extract),
-        Median(inject), Median(total), copy);
+    const double copy = CopyMs(*backend, idle.bytes, runs);
+    for (const auto& [what, mv] :
+         {std::pair<const char*, Moves*>{"idle", &idle}, {"loaded", &loaded}})
+      printf(
+          "# %s, %s (%.0f MiB held in all): pause %.2f ms p50 (max %.2f; "
+          "%.1f MiB written since the pre-copy; copy out %.2f, in %.2f), "
+          "pre-copy %.1f ms, whole move %.1f ms%s\n",
+          label.c_str(), what, mv->bytes / 1048576.0, Median(mv->pause),
+          *std::max_element(mv->pause.begin(), mv->pause.end()),
+          Median(mv->paused_mib), Median(mv->extract), Median(mv->inject),
+          Median(mv->precopy), Median(mv->total),
+          mv->calls ? absl::StrFormat(" (%d calls launching meanwhile, none "
+                                      "failed)",
+                                      mv->calls)
+                          .c_str()
+                    : "");
+    printf("# device->host->device copy of the same bytes: %.2f ms\n", copy);
+    const double p = Median(idle.pause), pl = Median(loaded.pause);
     summary.push_back(
         absl::StrFormat("gpu_migrate_pause_ms_%s=%.2f", label, p));
+    summary.push_back(
+        absl::StrFormat("gpu_migrate_pause_loaded_ms_%s=%.2f", label, pl));
     summary.push_back(absl::StrFormat("gpu_copy_ms_%s=%.2f", label, copy));
     summary.push_back(
         absl::StrFormat("gpu_migrate_vs_copy_%s=%.2f", label, p / copy));
+    summary.push_back(absl::StrFormat("gpu_migrate_loaded_vs_copy_%s=%.2f",
+                                      label, pl / copy));
+    summary.push_back(absl::StrFormat("gpu_move_total_vs_copy_%s=%.2f", label,
+                                      Median(idle.total) / copy));
   }
   printf("gpu_backend=%s\n", kind.c_str());
   printf("gpu_kernel_ms_silt=%.3f\n", silt);

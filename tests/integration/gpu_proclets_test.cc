@@ -211,6 +211,70 @@ TEST_F(GpuProcletsTest, AProcletMovesBetweenNodesWhileCallsGoOn) {
   EXPECT_TRUE(GpuProclets(*cluster_).empty());
 }
 
+// The reconfiguration API: `silt gpu resize` within the function's labels;
+// a proclet holding more than its new allocation has its function's
+// callback asked (on the next call) to free, then the allocation applies;
+// one whose function frees nothing keeps its allocation and the resize
+// fails, saying why.
+TEST_F(GpuProcletsTest, AResizeAsksTheFunctionToShrinkWithinItsLabels) {
+  auto r = cluster_->Silt({"up", "-f", work_ + "/stack.yml"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // 32 MB of scratch buffers in its 256 MiB (preferred) allocation.
+  auto big = Invoke("/function/saxpy?n=4000000&a=2");
+  ASSERT_EQ(big.status, 200) << big.body;
+  EXPECT_TRUE(absl::StrContains(big.body, " limit=268435456 ")) << big.body;
+  auto listed = GpuProclets(*cluster_);
+  ASSERT_EQ(listed.size(), 1u) << listed.dump();
+  const std::string id = listed[0].value("id", "");
+
+  // Below its min-memory, above its max-memory, or not a GPU proclet.
+  auto low = cluster_->Silt({"gpu", "resize", id, "--memory", "8Mi"});
+  EXPECT_NE(low.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(low.err, "min-memory")) << low.err;
+  auto high = cluster_->Silt({"gpu", "resize", id, "--memory", "1Gi"});
+  EXPECT_NE(high.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(high.err, "max-memory")) << high.err;
+  auto junk = cluster_->Silt({"gpu", "resize", id, "--memory", "lots"});
+  EXPECT_NE(junk.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(junk.err, "memory")) << junk.err;
+
+  // Down to 16 MiB while calls go on: the first call after the request runs
+  // the callback, which frees the scratch; the resize then completes.
+  std::atomic<bool> resized{false};
+  deploy::HttpResult during;
+  std::thread resize([&] {
+    auto res = cluster_->Silt({"gpu", "resize", id, "--memory", "16Mi"});
+    EXPECT_EQ(res.exit_code, 0) << res.out << res.err;
+    EXPECT_TRUE(absl::StrContains(res.out, "16.0 MiB")) << res.out;
+    resized = true;
+  });
+  int calls = 0;
+  while (!resized) {
+    during = Invoke("/function/saxpy?n=1000&a=2");
+    EXPECT_EQ(during.status, 200) << during.body;
+    ++calls;
+  }
+  resize.join();
+  EXPECT_GE(calls, 1);
+  auto small = Invoke("/function/saxpy?n=1000&a=2");
+  EXPECT_EQ(small.status, 200) << small.body;
+  EXPECT_TRUE(absl::StrContains(small.body, " limit=16777216 ")) << small.body;
+  auto too_big = Invoke("/function/saxpy?n=4000000&a=2");
+  EXPECT_EQ(too_big.status, 500) << too_big.body;
+  EXPECT_TRUE(absl::StrContains(too_big.body, "allocation")) << too_big.body;
+
+  // Back up; then down with no call to run the callback: called off.
+  r = cluster_->Silt({"gpu", "resize", id, "--memory", "256Mi"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_EQ(Invoke("/function/saxpy?n=4000000&a=2").status, 200);
+  r = cluster_->Silt({"gpu", "resize", id, "--memory", "16Mi"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "did not free enough")) << r.err;
+  auto after = Invoke("/function/saxpy?n=4000000&a=2");
+  EXPECT_EQ(after.status, 200) << after.body;
+  EXPECT_TRUE(absl::StrContains(after.body, " limit=268435456 ")) << after.body;
+}
+
 // A proclet whose process dies loses its buffers: the next call says so,
 // and the one after starts afresh.
 TEST_F(GpuProcletsTest, AProcletWhoseProcessDiesIsReportedLost) {

@@ -245,6 +245,158 @@ TEST_P(GpuProcletTest, MovesToAnotherBackendByteForByte) {
   }
 }
 
+// A move's pre-copy: parts of the buffers go while the proclet runs on;
+// what is written, freed or re-made meanwhile reaches the target through
+// the pause's delta, which carries only that.
+TEST_P(GpuProcletTest, PrecopyThenDeltaIsByteExactAndSmall) {
+  Gpu gpu = Sdk();
+  const int n = 1 << 20;  // 4 MiB each
+  auto kernels = gpu.Load("kernels");
+  ASSERT_TRUE(kernels.ok());
+  std::vector<GpuBuffer> bufs;
+  std::vector<std::vector<unsigned>> want;
+  for (const char* name : {"a", "b", "c", "gone"}) {
+    auto b = gpu.Alloc(name, n * sizeof(unsigned));
+    ASSERT_TRUE(b.ok());
+    std::vector<unsigned> v(n);
+    for (int i = 0; i < n; ++i) v[i] = unsigned(i * 2654435761u + name[0]);
+    ASSERT_TRUE(gpu.Write(*b, v).ok());
+    bufs.push_back(*b);
+    want.push_back(v);
+  }
+  auto precopy = [&](bool restart, bool* done) {
+    std::string req(1, char(wire::GpuOp::kPrecopy));
+    wire::Writer w(&req);
+    w.U8(restart ? 1 : 0);
+    w.U64(3 << 20);  // parts end inside buffers
+    std::string part = proclet_->Serve(req);
+    EXPECT_EQ(part[0], 0) << part.substr(1);
+    *done = part[1] != 0;
+    std::string inject(1, char(wire::GpuOp::kInject));
+    inject.append(part, 2);
+    return inject;
+  };
+  Proclet to(MakeHostBackend(1), Options());
+  bool done = false;
+  std::string first = precopy(true, &done);
+  EXPECT_FALSE(done);
+  ASSERT_EQ(to.Serve(first)[0], 0);
+  // Between parts: "a" (copied already) is launched on, "c" (not reached)
+  // written, "gone" freed, "b" re-made at another size.
+  ASSERT_TRUE(
+      gpu.Launch(*kernels, "increment", {n / 256}, {256}, bufs[0], n).ok());
+  for (auto& v : want[0]) v += 1;
+  want[2][7] = 77;
+  ASSERT_TRUE(gpu.Write(bufs[2], 7 * sizeof(unsigned),
+                        std::string(reinterpret_cast<char*>(&want[2][7]), 4))
+                  .ok());
+  ASSERT_TRUE(gpu.Free(bufs[3].name).ok());
+  ASSERT_TRUE(gpu.Free(bufs[1].name).ok());
+  auto b2 = gpu.Alloc("b", 4096);
+  ASSERT_TRUE(b2.ok());
+  while (!done) ASSERT_EQ(to.Serve(precopy(false, &done))[0], 0);
+  // A second pass copies what was written during the first: "a" (launched
+  // on after its copy began), not "c" (written before it was reached).
+  size_t second = 0;
+  do {
+    std::string part = precopy(false, &done);
+    second += part.size();
+    ASSERT_EQ(to.Serve(part)[0], 0);
+  } while (!done);
+  EXPECT_GE(second, n * sizeof(unsigned));
+  EXPECT_LT(second, 2 * n * sizeof(unsigned));
+  // Launched on again: the pause carries "a" alone.
+  ASSERT_TRUE(
+      gpu.Launch(*kernels, "increment", {n / 256}, {256}, bufs[0], n).ok());
+  for (auto& v : want[0]) v += 1;
+  std::string delta =
+      proclet_->Serve(std::string{char(wire::GpuOp::kExtract), char{1}});
+  ASSERT_EQ(delta[0], 0) << delta.substr(1);
+  EXPECT_GE(delta.size(), n * sizeof(unsigned));
+  EXPECT_LT(delta.size(), 2 * n * sizeof(unsigned));
+  std::string inject(1, char(wire::GpuOp::kInject));
+  inject.append(delta, 1);
+  ASSERT_EQ(to.Serve(inject)[0], 0);
+
+  Host h{&to};
+  Gpu moved(&h.api, "default");
+  for (int i : {0, 2}) {
+    auto got = moved.Read<unsigned>(bufs[i]);
+    ASSERT_TRUE(got.ok()) << got.message();
+    EXPECT_TRUE(*got == want[i]) << "buffer " << i;
+  }
+  auto b = moved.Read<unsigned>(*b2);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->size(), 1024u);
+  EXPECT_EQ((*b)[0], 0u);
+  EXPECT_EQ(moved.Read<unsigned>(bufs[3]).code(), StateCode::kNotFound);
+  auto info = moved.Info();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->launches, 2u);
+  EXPECT_EQ(info->memory_used, 2 * n * sizeof(unsigned) + 4096);
+}
+
+// The reconfiguration API: an instance's callback runs once with the
+// proclet as it is, then on its first call after each change; asked to
+// shrink below what it holds (pending_limit), it frees, the allocation
+// applies, and it hears of that too.
+TEST_P(GpuProcletTest, ReconfigurationCallbacksSeeResizes) {
+  Gpu gpu = Sdk();
+  std::vector<GpuInfo> seen;
+  gpu.OnReconfigure([&seen](Gpu& g, const GpuInfo& now) {
+    seen.push_back(now);
+    if (now.pending_limit > 0) EXPECT_TRUE(g.Free("big").ok());
+  });
+  struct Unregister {  // the callbacks are the process's
+    Gpu& gpu;
+    ~Unregister() { gpu.OnReconfigure(nullptr); }
+  } unregister{gpu};
+  auto big = gpu.Alloc("big", 8 << 20);
+  ASSERT_TRUE(big.ok()) << big.message();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].pending_limit, 0u);
+  ASSERT_TRUE(gpu.Alloc("small", 1 << 20).ok());
+  EXPECT_EQ(seen.size(), 1u);  // nothing changed
+  auto listed = gpu.Buffers();
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].name, "big");
+  EXPECT_EQ((*listed)[1].bytes, 1u << 20);
+
+  // The invoker asks for 4 MiB: it holds 9.
+  std::string req(1, char(wire::GpuOp::kSetLimit));
+  wire::Writer(&req).U64(4 << 20);
+  ASSERT_EQ(proclet_->Serve(req)[0], 0);
+  auto info = gpu.Info();  // the callback frees first
+  ASSERT_TRUE(info.ok()) << info.message();
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[1].pending_limit, 4u << 20);
+  EXPECT_EQ(seen[2].pending_limit, 0u);
+  EXPECT_EQ(seen[2].memory_limit, 4u << 20);
+  EXPECT_EQ(info->memory_limit, 4u << 20);
+  EXPECT_EQ(info->memory_used, 1u << 20);
+  EXPECT_EQ(gpu.Alloc("again", 8 << 20).code(), StateCode::kTooLarge);
+  // A move is a change too.
+  std::string state =
+      proclet_->Serve(std::string(1, char(wire::GpuOp::kExtract)));
+  ASSERT_EQ(state[0], 0);
+  Proclet to(MakeHostBackend(1), Options(4 << 20));
+  std::string inject(1, char(wire::GpuOp::kInject));
+  inject.append(state, 1);
+  ASSERT_EQ(to.Serve(inject)[0], 0);
+  host_.proclet = &to;
+  ASSERT_TRUE(gpu.Info().ok());
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_EQ(seen[3].backend, "host");
+  EXPECT_GT(seen[3].generation, seen[2].generation);
+  // A kSince inside a kSince is malformed.
+  std::string wrapped(1, char(wire::GpuOp::kSince));
+  wire::Writer(&wrapped).U64(seen[3].generation);
+  wrapped.push_back(char(wire::GpuOp::kSince));
+  EXPECT_EQ(to.Serve(wrapped)[0], char(StateCode::kInvalid));
+  host_.proclet = proclet_.get();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, GpuProcletTest,
                          ::testing::Values(BackendKind::kHost,
                                            BackendKind::kCuda),

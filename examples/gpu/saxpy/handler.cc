@@ -1,6 +1,12 @@
 // y = a*x + y on the function's GPU proclet, with x[i] = i and y[i] = 2i,
 // checked against the host's answer; a counter in device memory counts the
 // calls the proclet has served (it outlives instances and moves with it).
+// Its x-N and y-N buffers are scratch (rewritten by every call): asked to
+// shrink (silt gpu resize, or a downgrade toward com.silt.gpu.min-memory),
+// its reconfiguration callback frees those of other sizes than its call's
+// (a call of another instance using them at that moment fails and may be
+// retried), and calls make them again within the new allocation, which the
+// answer shows (limit=).
 #include <silt/function.h>
 
 #include <cmath>
@@ -8,6 +14,20 @@
 #include <vector>
 
 namespace {
+
+// The size this thread's call works on (the callback runs inside one of
+// its requests to the proclet, so it keeps those buffers).
+thread_local std::string in_use;
+
+void Reconfigure(silt::Gpu& gpu, const silt::GpuInfo& now) {
+  if (now.pending_limit == 0) return;  // moved or resized: nothing to adapt
+  auto held = gpu.Buffers();           // whichever instance made them
+  if (!held.ok()) return;
+  for (const silt::GpuBuffer& b : *held)
+    if ((b.name.rfind("x-", 0) == 0 || b.name.rfind("y-", 0) == 0) &&
+        b.name.substr(2) != in_use)
+      gpu.Free(b.name);
+}
 
 uint64_t Param(const silt::Request& req, std::string_view key, uint64_t dflt) {
   std::string_view q = req.query;
@@ -36,9 +56,15 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
   if (n == 0 || n > (64u << 20))
     return silt::Response::Text(400, "n must be from 1 to 67108864\n");
   auto gpu = ctx.Gpu();
+  static const bool registered = [&gpu] {
+    gpu.OnReconfigure(Reconfigure);
+    return true;
+  }();
+  (void)registered;
   std::vector<float> x(n), y(n);
   for (uint64_t i = 0; i < n; ++i) x[i] = float(i), y[i] = float(2 * i);
   const std::string size = std::to_string(n);
+  in_use = size;
   auto bx = gpu.Alloc("x-" + size, n * sizeof(float));
   auto by = gpu.Alloc("y-" + size, n * sizeof(float));
   auto calls = gpu.Alloc("calls", sizeof(unsigned long long));
@@ -67,6 +93,7 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
   std::string body = (wrong == 0 ? "ok" : "WRONG") + std::string(" n=") + size +
                      " wrong=" + std::to_string(wrong) +
                      " calls=" + std::to_string((*count)[0]) +
+                     " limit=" + std::to_string(info->memory_limit) +
                      " backend=" + info->backend + " device=" + info->device +
                      "\n";
   return silt::Response::Text(wrong == 0 ? 200 : 500, body);

@@ -3,7 +3,9 @@
 // state (buffers' bytes, modules in both forms, the launch count) taken out
 // and put back in on another backend, which may be another GPU model or the
 // host backend. Requests are served one at a time, so a kExtract always falls
-// between two launches.
+// between two launches. It knows which buffers were written since a move's
+// pre-copy (kPrecopy) copied them, so the pause (kExtract's delta) carries
+// only those.
 #ifndef SILT_GPU_PROCLET_H_
 #define SILT_GPU_PROCLET_H_
 
@@ -40,24 +42,36 @@ class Proclet {
   const Backend& backend() const { return *backend_; }
   uint64_t memory_used() const { return used_; }
   uint64_t launches() const { return launches_; }
+  uint64_t generation() const { return generation_; }
 
  private:
   struct Buffer {
     DevicePtr ptr = 0;
     uint64_t bytes = 0;
+    bool written = true;  // since a pre-copy last began copying it
   };
   struct LoadedModule {
     ModuleImage image;
     std::unique_ptr<Module> module;
+    bool sent = false;  // in a pre-copy's part since the move began
   };
 
-  absl::StatusOr<std::string> Info();
+  std::string Info();
+  std::string SetLimit(uint64_t limit);
+  // Applies a pending limit once what it holds fits.
+  void ApplyPendingLimit();
   absl::StatusOr<std::string> Alloc(std::string_view name, uint64_t bytes);
   absl::Status Load(std::string_view name);
   absl::Status LoadImage(std::string_view name, ModuleImage image);
   absl::StatusOr<std::string> Launch(std::string_view args);
-  absl::StatusOr<std::string> Extract();
+  absl::StatusOr<std::string> Extract(bool delta);
+  absl::StatusOr<std::string> Precopy(bool restart, uint64_t max_bytes);
   absl::Status Inject(std::string_view state);
+  // Appends a 'B' record of `b`'s bytes [offset, offset + n).
+  absl::Status AppendBuffer(std::string* out, const std::string& name,
+                            const Buffer& b, uint64_t offset, uint64_t n);
+  void AppendModule(std::string* out, const std::string& name, LoadedModule& m);
+  void MarkAllWritten();
   void Clear();
 
   std::unique_ptr<Backend> backend_;
@@ -66,7 +80,13 @@ class Proclet {
   std::map<std::string, LoadedModule, std::less<>> modules_;
   uint64_t used_ = 0;
   uint64_t launches_ = 0;
-  bool paused_ = false;  // after kExtract, until kInject or kResume
+  uint64_t generation_ = 0;     // bumped by every move and resize
+  uint64_t pending_limit_ = 0;  // asked to shrink to this (0: not)
+  bool paused_ = false;         // after kExtract, until kInject or kResume
+  // A pre-copy pass: the buffer it copies next, and from where ("" and 0:
+  // the pass is done; the next kPrecopy begins another).
+  std::string precopy_buffer_;
+  uint64_t precopy_offset_ = 0;
 };
 
 }  // namespace silt::gpu

@@ -16,10 +16,30 @@
 // A launch's arguments are values (trivially copyable) or buffers (passed as
 // device pointers; Buffer::At(offset) passes an offset into one). Errors are
 // values; nothing here throws.
+//
+// Reconfiguration: a proclet's allocation (memory_limit) and device change
+// when it is moved (to another GPU model, or to CPU cores) or resized (an
+// operator's `silt gpu resize`, or the gateway downgrading it toward the
+// function's com.silt.gpu.min-memory rather than evicting it). A function
+// that adapts registers a callback, run in the instance before its next
+// call to the proclet goes on:
+//
+//   gpu.OnReconfigure([&](silt::Gpu& g, const silt::GpuInfo& now) {
+//     if (now.pending_limit) ...  // asked to shrink: Free down to it
+//     batch = now.memory_limit / bytes_per_item;  // moved or resized
+//   });
+//
+// It runs once with the proclet's current state (the first call after it
+// is registered), then after every change, and when the proclet is asked to
+// shrink (before the change: pending_limit is the allocation to come; a
+// resize waits a few seconds for the Frees, and fails if they do not come).
 #ifndef SILT_GPU_H_
 #define SILT_GPU_H_
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -37,11 +57,19 @@ struct GpuDim {
 };
 
 struct GpuInfo {
-  std::string backend;  // "cuda" or "host"
-  std::string device;   // the GPU's model, or the CPU's
-  uint64_t memory_limit = 0, memory_used = 0;
-  uint64_t launches = 0;  // completed so far
+  std::string backend;                         // "cuda" or "host"
+  std::string device;                          // the GPU's model, or the CPU's
+  uint64_t memory_limit = 0, memory_used = 0;  // its allocation, in use
+  uint64_t launches = 0;                       // completed so far
+  uint64_t generation = 0;                     // bumped by moves and resizes
+  // Non-zero: it is asked to shrink to this allocation; until Frees bring it
+  // there, new Allocs count against it.
+  uint64_t pending_limit = 0;
 };
+
+class Gpu;
+// A function's reaction to its GPU proclet's reconfiguration (see above).
+using GpuReconfigure = std::function<void(Gpu& gpu, const GpuInfo& now)>;
 
 // A device buffer of the proclet (by name: it stays where the proclet is).
 struct GpuBuffer {
@@ -70,15 +98,20 @@ class Gpu {
     std::string body;
     if (auto s = Run(Begin(wire::GpuOp::kInfo), &body); !s.ok())
       return Result<GpuInfo>(s.code(), s.message());
-    wire::Reader r(body);
-    std::string_view backend, device;
     GpuInfo i;
-    if (!r.Str(&backend) || !r.Str(&device) || !r.U64(&i.memory_limit) ||
-        !r.U64(&i.memory_used) || !r.U64(&i.launches))
+    if (!ParseInfo(body, &i))
       return Result<GpuInfo>(StateCode::kInternal, "bad reply");
-    i.backend = backend;
-    i.device = device;
     return i;
+  }
+
+  // Registers (replaces; empty: removes) this instance's reconfiguration
+  // callback for the proclet of this name.
+  void OnReconfigure(GpuReconfigure callback) {
+    std::lock_guard<std::mutex> lock(Hooks().mu);
+    if (callback)
+      Hooks().by_name[name()] = Hook{std::move(callback), ~uint64_t{0}};
+    else
+      Hooks().by_name.erase(name());
   }
 
   // The buffer `buffer` of `bytes` bytes: created zeroed, or the existing one
@@ -91,6 +124,27 @@ class Gpu {
     if (auto s = Run(req, &body); !s.ok())
       return Result<GpuBuffer>(s.code(), s.message());
     return GpuBuffer{std::move(buffer), bytes};
+  }
+  // Every buffer it holds, by name (whichever instance made it).
+  Result<std::vector<GpuBuffer>> Buffers() {
+    std::string body;
+    if (auto s = Run(Begin(wire::GpuOp::kList), &body); !s.ok())
+      return Result<std::vector<GpuBuffer>>(s.code(), s.message());
+    wire::Reader r(body);
+    uint32_t n;
+    std::vector<GpuBuffer> out;
+    if (!r.U32(&n))
+      return Result<std::vector<GpuBuffer>>(StateCode::kInternal, "bad reply");
+    for (uint32_t i = 0; i < n; ++i) {
+      std::string_view name;
+      GpuBuffer b;
+      if (!r.Str(&name) || !r.U64(&b.bytes))
+        return Result<std::vector<GpuBuffer>>(StateCode::kInternal,
+                                              "bad reply");
+      b.name = name;
+      out.push_back(std::move(b));
+    }
+    return out;
   }
   // Whether it existed.
   Result<bool> Free(std::string_view buffer) {
@@ -206,16 +260,87 @@ class Gpu {
   }
 
  private:
+  struct Hook {
+    GpuReconfigure callback;
+    uint64_t seen;  // the generation it last ran for
+  };
+  struct HookTable {
+    std::mutex mu;
+    std::map<std::string, Hook, std::less<>> by_name;
+  };
+  // This instance's callbacks, by proclet name (they outlive Gpu handles).
+  static HookTable& Hooks() {
+    static HookTable* table = new HookTable;
+    return *table;
+  }
+
+  static bool ParseInfo(std::string_view body, GpuInfo* i) {
+    wire::Reader r(body);
+    std::string_view backend, device;
+    if (!r.Str(&backend) || !r.Str(&device) || !r.U64(&i->memory_limit) ||
+        !r.U64(&i->memory_used) || !r.U64(&i->launches) ||
+        !r.U64(&i->generation) || !r.U64(&i->pending_limit))
+      return false;
+    i->backend = backend;
+    i->device = device;
+    return true;
+  }
+
   std::string Begin(wire::GpuOp op) {
     std::string req = h_.Begin(wire::StateOp::kGpu);
+    header_bytes_ = req.size();
     wire::Writer(&req).U8(static_cast<uint8_t>(op));
     return req;
   }
+  // With a callback registered, the request runs only if the proclet is as
+  // the callback last saw it; else the callback runs first (its own calls
+  // go through as they are: it has seen the change).
   Status Run(const std::string& req, std::string* body) {
     std::string msg;
-    StateCode c = h_.Run(req, body, &msg);
-    if (c != StateCode::kOk) return Status(c, std::move(msg));
-    return Done{};
+    for (int attempt = 0;; ++attempt) {
+      uint64_t seen = 0;
+      bool hooked = false;
+      {
+        std::lock_guard<std::mutex> lock(Hooks().mu);
+        if (auto it = Hooks().by_name.find(name());
+            it != Hooks().by_name.end()) {
+          hooked = true;
+          seen = it->second.seen;
+        }
+      }
+      if (!hooked || InCallback() || attempt == 8) {
+        StateCode c = h_.Run(req, body, &msg);
+        if (c != StateCode::kOk) return Status(c, std::move(msg));
+        return Done{};
+      }
+      std::string since = req.substr(0, header_bytes_);
+      wire::Writer w(&since);
+      w.U8(static_cast<uint8_t>(wire::GpuOp::kSince));
+      w.U64(seen);
+      since.append(req, header_bytes_);
+      StateCode c = h_.Run(since, body, &msg);
+      if (c == StateCode::kOk) return Done{};
+      if (c != StateCode::kReconfigured) return Status(c, std::move(msg));
+      GpuInfo now;  // the body of a kReconfigured reply comes as its message
+      if (!ParseInfo(msg, &now))
+        return Status(StateCode::kInternal, "bad reply");
+      GpuReconfigure callback;
+      {
+        std::lock_guard<std::mutex> lock(Hooks().mu);
+        auto it = Hooks().by_name.find(name());
+        if (it == Hooks().by_name.end()) continue;
+        it->second.seen = now.generation;
+        callback = it->second.callback;
+      }
+      InCallback() = true;
+      callback(*this, now);
+      InCallback() = false;
+    }
+  }
+  // A callback's own calls run as they are (no nested callbacks).
+  static bool& InCallback() {
+    thread_local bool in = false;
+    return in;
   }
   static void AppendArg(wire::Writer* w, const GpuBuffer& b) {
     AppendArg(w, b.At(0));
@@ -235,6 +360,7 @@ class Gpu {
   }
 
   internal::StructureHandle h_;
+  size_t header_bytes_ = 0;  // the state request header's, before the GpuOp
 };
 
 }  // namespace silt

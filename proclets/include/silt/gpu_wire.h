@@ -21,7 +21,9 @@ namespace silt::wire {
 
 enum class GpuOp : uint8_t {
   // -> str backend ("cuda" | "host"), str device, u64 memory_limit,
-  //    u64 memory_used, u64 launches (completed so far)
+  //    u64 memory_used, u64 launches (completed so far), u64 generation
+  //    (bumped by every move and resize), u64 pending_limit (0, or the
+  //    allocation it is asked to shrink to: Free buffers down to it)
   kInfo = 1,
   // str buffer, u64 bytes -> u64 bytes. Creates the buffer (zeroed) or
   // returns the one of that name; kInvalid when it exists with another size,
@@ -40,17 +42,48 @@ enum class GpuOp : uint8_t {
   // Launches run in order; a later Read or Synchronize sees their effects.
   kLaunch = 7,
   kSynchronize = 8,  // -> u64 launches completed
-  // The invoker's own (refused from instances):
-  // -> the proclet's device-independent state (GpuState below); nothing
-  //    launched after it until kInject or kResume.
+  // u64 generation, then a request (not kSince): runs it if the proclet's
+  // generation is still that one, else answers StateCode::kReconfigured with
+  // its kInfo reply (the SDK's reconfiguration callback, silt/gpu.h).
+  kSince = 9,
+  kList = 10,  // -> u32 n, n x (str buffer, u64 bytes), by name
+  // The invoker's own (refused from instances). A proclet's state moves as
+  // a GpuState (below), in parts:
+  // [u8 delta] -> GpuState: the whole state (delta absent or 0), or what
+  // changed since the last kPrecopy (delta 1); nothing launched after it
+  // until kInject or kResume (a failed move).
   kExtract = 20,
-  kInject = 21,  // str state: replaces everything held
+  kInject = 21,  // GpuState: applied onto what is held (a fresh proclet)
   kResume = 22,  // after a kExtract whose move failed
   // str module, str ptx, str host_library: loads a module from its bytes
   // (the instance's node read them from the function's bundle after a
   // kLoad answered kNotFound: the holder has none of the function's files).
   kLoadImage = 23,
+  // u8 restart, u64 max_bytes -> u8 pass_done, GpuState: the next part (at
+  // most about max_bytes) of the buffers written since they were last
+  // copied, the proclet running on (a move's pre-copy: only what is written
+  // again reaches kExtract's delta, the pause). `restart`: every buffer
+  // counts as written. pass_done: every buffer was visited since the pass
+  // began; the next call begins another.
+  kPrecopy = 24,
+  // u64 limit -> kInfo's reply: its allocation becomes `limit` bytes, at
+  // once if it holds no more than that, else once Frees bring it down
+  // (pending_limit meanwhile; new Allocs count against it); a limit it holds
+  // less than cancels a pending one. Bumps the generation either way.
+  kSetLimit = 25,
 };
+
+// A GpuState: u32 magic kGpuStateMagic, then records to its end:
+//   'B' str buffer, u64 bytes (its size), u64 offset, u64 n, n raw bytes
+//       (part of its contents; created, or re-created at that size)
+//   'M' str module, str ptx, str host_library (loaded unless it is)
+//   'E' u64 launches, u64 generation, u32 n, n x str buffer (every buffer it
+//       holds: others go), closing a whole state or a kExtract delta; the
+//       target's generation is the next one.
+// A kernel writes only the buffers passed to it (device addresses stored in
+// buffers do not survive a move to another device anyway), so a launch marks
+// its buffer arguments written.
+inline constexpr uint32_t kGpuStateMagic = 0x32504753;  // "SGP2"
 
 enum class ArgKind : uint8_t { kValue = 1, kBuffer = 2 };
 
@@ -60,7 +93,9 @@ inline constexpr uint32_t kMaxLaunchArgs = 64;
 inline constexpr uint64_t kGpuChunkBytes = 16u << 20;
 
 inline bool IsInvokerOnly(GpuOp op) {
-  return op == GpuOp::kExtract || op == GpuOp::kInject || op == GpuOp::kResume;
+  return op == GpuOp::kExtract || op == GpuOp::kInject ||
+         op == GpuOp::kResume || op == GpuOp::kPrecopy ||
+         op == GpuOp::kSetLimit;
 }
 
 // Kernel names: C identifiers (PTX entry names), 1-255 characters.

@@ -108,6 +108,9 @@ enum class StateCode : uint8_t {
   // peers: the shard is frozen for a moment, or a task did not run there;
   // kJobWait: the job still runs
   kRetry = 10,
+  // GPU proclets: it moved or was resized since the caller last looked (or
+  // is asked to shrink); the op did not run. The body is its kInfo reply.
+  kReconfigured = 11,
 };
 
 inline const char* StateCodeName(StateCode c) {
@@ -134,6 +137,8 @@ inline const char* StateCodeName(StateCode c) {
       return "moved";
     case StateCode::kRetry:
       return "retry";
+    case StateCode::kReconfigured:
+      return "reconfigured";
   }
   return "unknown";
 }
