@@ -343,7 +343,8 @@ absl::StatusOr<std::string> Proclet::Launch(std::string_view request) {
         return Malformed("launch argument value");
       values[i].resize((bytes.size() + 7) / 8);
       memcpy(values[i].data(), bytes.data(), bytes.size());
-    } else if (kind == static_cast<uint8_t>(wire::ArgKind::kBuffer)) {
+    } else if (kind == static_cast<uint8_t>(wire::ArgKind::kBuffer) ||
+               kind == static_cast<uint8_t>(wire::ArgKind::kBufferIn)) {
       std::string_view name;
       uint64_t offset;
       if (!r.Str(&name) || !r.U64(&offset))
@@ -358,7 +359,8 @@ absl::StatusOr<std::string> Proclet::Launch(std::string_view request) {
             absl::StrCat("argument ", i, ": offset ", offset,
                          " lies past the end of buffer ", Sv(name)));
       values[i].assign(1, b->second.ptr + offset);
-      b->second.written = true;
+      if (kind == static_cast<uint8_t>(wire::ArgKind::kBuffer))
+        b->second.written = true;
     } else {
       return Malformed("launch argument kind");
     }
@@ -460,22 +462,25 @@ absl::StatusOr<std::string> Proclet::Precopy(bool restart, uint64_t max_bytes) {
   uint64_t budget = std::max<uint64_t>(max_bytes, 1);
   for (; it != buffers_.end(); ++it, offset = 0) {
     Buffer& b = it->second;
-    if (offset == 0) {
-      if (!b.written) continue;
-      b.written = false;
+    if (offset == 0 && !b.written) continue;
+    if (budget == 0) {  // this part is full: the next one begins here
+      precopy_buffer_ = it->first;
+      precopy_offset_ = offset;
+      return out;
     }
+    if (offset == 0) b.written = false;  // copied from now on
     do {
-      if (budget == 0) {  // this part is full: the next one goes on here
-        precopy_buffer_ = it->first;
-        precopy_offset_ = offset;
-        return out;
-      }
       const uint64_t n = std::min(b.bytes - offset, budget);
       if (auto s = AppendBuffer(&out, it->first, b, offset, n); !s.ok())
         return s;
       offset += n;
       budget -= n;
-    } while (offset < b.bytes);
+    } while (offset < b.bytes && budget > 0);
+    if (offset < b.bytes) {  // the next part goes on inside it
+      precopy_buffer_ = it->first;
+      precopy_offset_ = offset;
+      return out;
+    }
   }
   precopy_buffer_.clear();
   precopy_offset_ = 0;

@@ -695,38 +695,44 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
   // The pause: calls wait on the proclet's lock from here on (at a kernel
   // boundary) while what was written since its pre-copy goes.
   const std::string key = ProcletKey(ns, function, name);
-  absl::MutexLock lock(&p->mu);
-  const auto start = Clock::now();
-  std::string delta = p->ExchangeLocked(
-      std::string{static_cast<char>(GpuOp::kExtract), char{1}});
-  auto resume = [&](absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) {
-    p->ExchangeLocked(std::string(1, static_cast<char>(GpuOp::kResume)));
-    return why;
-  };
-  if (CodeOf(delta) != StateCode::kOk)
-    return resume(absl::InternalError(
-        absl::StrCat("taking the GPU proclet's state: ",
-                     Sv(std::string_view(delta).substr(1)))));
-  m.extract_ms = MsSince(start);
-  m.paused_bytes = delta.size() - 1;
-  if (auto s = CommitMove(to, std::string_view(delta).substr(1), &m); !s.ok())
-    return resume(s);
+  std::unique_ptr<SandboxedProcess> ended;  // after the pause, unlocked
   {
-    absl::MutexLock l(&mu_);
-    if (to.local) {
-      proclets_[key] = to.local;
-    } else {
-      if (auto it = proclets_.find(key);
-          it != proclets_.end() && it->second == p)
-        proclets_.erase(it);
-      moved_[key] = {target, Clock::now()};
-      where_[key] = target;
+    absl::MutexLock lock(&p->mu);
+    const auto start = Clock::now();
+    std::string delta = p->ExchangeLocked(
+        std::string{static_cast<char>(GpuOp::kExtract), char{1}});
+    auto resume = [&](absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) {
+      p->ExchangeLocked(std::string(1, static_cast<char>(GpuOp::kResume)));
+      return why;
+    };
+    if (CodeOf(delta) != StateCode::kOk)
+      return resume(absl::InternalError(
+          absl::StrCat("taking the GPU proclet's state: ",
+                       Sv(std::string_view(delta).substr(1)))));
+    m.extract_ms = MsSince(start);
+    m.paused_bytes = delta.size() - 1;
+    if (auto s = CommitMove(to, std::string_view(delta).substr(1), &m); !s.ok())
+      return resume(s);
+    {
+      absl::MutexLock l(&mu_);
+      if (to.local) {
+        proclets_[key] = to.local;
+      } else {
+        if (auto it = proclets_.find(key);
+            it != proclets_.end() && it->second == p)
+          proclets_.erase(it);
+        moved_[key] = {target, Clock::now()};
+        where_[key] = target;
+      }
     }
+    // Late callers waiting on this proclet follow it.
+    p->moved_to = target;
+    if (p->channel >= 0) close(p->channel);
+    p->channel = -1;
+    ended = std::move(p->proc);
+    m.pause_ms = MsSince(start);
   }
-  // Late callers waiting on this proclet follow it.
-  p->moved_to = target;
-  p->EndLocked();
-  m.pause_ms = MsSince(start);
+  ended.reset();  // its process, killed and reaped with nobody waiting
   return m;
 }
 

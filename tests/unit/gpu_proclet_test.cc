@@ -336,6 +336,57 @@ TEST_P(GpuProcletTest, PrecopyThenDeltaIsByteExactAndSmall) {
   EXPECT_EQ(info->memory_used, 2 * n * sizeof(unsigned) + 4096);
 }
 
+// Parts that end exactly where a buffer ends lose none of the next ones; a
+// buffer a launch only reads (In()) is not copied again.
+TEST_P(GpuProcletTest, PrecopyPartsEndingOnABufferBoundaryLoseNothing) {
+  Gpu gpu = Sdk();
+  auto kernels = gpu.Load("kernels");
+  ASSERT_TRUE(kernels.ok());
+  for (const char* name : {"a", "b", "c"}) {
+    auto b = gpu.Alloc(name, 1 << 20);
+    ASSERT_TRUE(b.ok());
+    ASSERT_TRUE(gpu.Write(*b, 0, std::string(1 << 20, name[0])).ok());
+  }
+  const GpuBuffer a{"a", 1 << 20}, b{"b", 1 << 20};
+  Proclet to(MakeHostBackend(1), Options());
+  bool done = false;
+  for (bool restart = true; !done; restart = false) {
+    std::string req(1, char(wire::GpuOp::kPrecopy));
+    wire::Writer w(&req);
+    w.U8(restart ? 1 : 0);
+    w.U64(1 << 20);
+    std::string part = proclet_->Serve(req);
+    ASSERT_EQ(part[0], 0);
+    done = part[1] != 0;
+    std::string inject(1, char(wire::GpuOp::kInject));
+    inject.append(part, 2);
+    ASSERT_EQ(to.Serve(inject)[0], 0);
+  }
+  // b = a + b: the pause carries b, not a.
+  ASSERT_TRUE(gpu.Launch(*kernels, "saxpy", {1 << 10}, {256}, 1.0f, a.In(), b,
+                         int(1 << 18))
+                  .ok());
+  auto want_b = gpu.Read(b, 0, 1 << 20);
+  ASSERT_TRUE(want_b.ok());
+  std::string delta =
+      proclet_->Serve(std::string{char(wire::GpuOp::kExtract), char{1}});
+  ASSERT_EQ(delta[0], 0);
+  EXPECT_GE(delta.size(), 1u << 20);
+  EXPECT_LT(delta.size(), (1u << 20) + 4096);
+  std::string inject(1, char(wire::GpuOp::kInject));
+  inject.append(delta, 1);
+  ASSERT_EQ(to.Serve(inject)[0], 0);
+  Host h{&to};
+  Gpu moved(&h.api, "default");
+  for (const char* name : {"a", "b", "c"}) {
+    auto got = moved.Read(GpuBuffer{name, 1 << 20}, 0, 1 << 20);
+    ASSERT_TRUE(got.ok()) << name << ": " << got.message();
+    EXPECT_TRUE(*got ==
+                (name[0] == 'b' ? *want_b : std::string(1 << 20, name[0])))
+        << name;
+  }
+}
+
 // The reconfiguration API: an instance's callback runs once with the
 // proclet as it is, then on its first call after each change; asked to
 // shrink below what it holds (pending_limit), it frees, the allocation
@@ -345,7 +396,9 @@ TEST_P(GpuProcletTest, ReconfigurationCallbacksSeeResizes) {
   std::vector<GpuInfo> seen;
   gpu.OnReconfigure([&seen](Gpu& g, const GpuInfo& now) {
     seen.push_back(now);
-    if (now.pending_limit > 0) EXPECT_TRUE(g.Free("big").ok());
+    if (now.pending_limit > 0) {
+      EXPECT_TRUE(g.Free("big").ok());
+    }
   });
   struct Unregister {  // the callbacks are the process's
     Gpu& gpu;

@@ -76,7 +76,8 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
   auto mod = gpu.Load("saxpy");
   if (!mod.ok()) return Fail("load", mod.message());
   const unsigned blocks = unsigned((n + 255) / 256);
-  if (auto l = gpu.Launch(*mod, "saxpy", {blocks}, {256}, a, *bx, *by, int(n));
+  if (auto l =
+          gpu.Launch(*mod, "saxpy", {blocks}, {256}, a, bx->In(), *by, int(n));
       !l.ok())
     return Fail("launch", l.message());
   if (auto l = gpu.Launch(*mod, "count_call", {1}, {32}, *calls); !l.ok())

@@ -6,7 +6,7 @@
 //   auto x = gpu.Alloc("x", n * sizeof(float));        // silt::Result<Buffer>
 //   gpu.Write(*x, input);                              // std::vector<float>
 //   auto mod = gpu.Load("saxpy");                      // kernels/saxpy.cu
-//   gpu.Launch(*mod, "saxpy", {(n + 255) / 256}, {256}, 2.0f, *x, *y, n);
+//   gpu.Launch(*mod, "saxpy", {(n + 255) / 256}, {256}, 2.0f, x->In(), *y, n);
 //   auto out = gpu.Read<float>(*y);                    // Result<vector<float>>
 //
 // Kernels are written once in CUDA C++ against silt/gpu_kernel.h; `silt
@@ -14,7 +14,8 @@
 // the driver's JIT on whatever GPU the proclet lands on) and to a host
 // library (run on CPU cores where the proclet lives on a node without a GPU).
 // A launch's arguments are values (trivially copyable) or buffers (passed as
-// device pointers; Buffer::At(offset) passes an offset into one). Errors are
+// device pointers; Buffer::At(offset) passes an offset into one, In() one
+// the kernel only reads). Errors are
 // values; nothing here throws.
 //
 // Reconfiguration: a proclet's allocation (memory_limit) and device change
@@ -76,11 +77,16 @@ struct GpuBuffer {
   struct Ref {
     std::string_view name;
     uint64_t offset;
+    bool in = false;
   };
   std::string name;
   uint64_t bytes = 0;
   // As a launch argument: the device address `offset` bytes in.
   Ref At(uint64_t offset) const { return {name, offset}; }
+  // As an argument the kernel only reads (`const T*`): a move of the proclet
+  // then need not copy it again after the launch. A kernel that writes it
+  // anyway may lose those writes when its proclet moves.
+  Ref In(uint64_t offset = 0) const { return {name, offset, true}; }
 };
 
 struct GpuModule {
@@ -346,7 +352,8 @@ class Gpu {
     AppendArg(w, b.At(0));
   }
   static void AppendArg(wire::Writer* w, const GpuBuffer::Ref& r) {
-    w->U8(static_cast<uint8_t>(wire::ArgKind::kBuffer));
+    w->U8(static_cast<uint8_t>(r.in ? wire::ArgKind::kBufferIn
+                                    : wire::ArgKind::kBuffer));
     w->Str(r.name);
     w->U64(r.offset);
   }

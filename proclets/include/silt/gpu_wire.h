@@ -38,7 +38,8 @@ enum class GpuOp : uint8_t {
   kLoad = 6,
   // str module, str kernel, u32 grid x y z, u32 block x y z, u32
   // shared_bytes, u32 n, n x arg -> u64 launch number. An arg is u8
-  // ArgKind, then kValue: str bytes | kBuffer: str buffer, u64 offset.
+  // ArgKind, then kValue: str bytes | kBuffer, kBufferIn: str buffer, u64
+  // offset.
   // Launches run in order; a later Read or Synchronize sees their effects.
   kLaunch = 7,
   kSynchronize = 8,  // -> u64 launches completed
@@ -85,7 +86,10 @@ enum class GpuOp : uint8_t {
 // its buffer arguments written.
 inline constexpr uint32_t kGpuStateMagic = 0x32504753;  // "SGP2"
 
-enum class ArgKind : uint8_t { kValue = 1, kBuffer = 2 };
+// kBufferIn: a buffer the kernel only reads (a move's pre-copy need not copy
+// it again after the launch; a kernel that writes one anyway may lose those
+// writes when its proclet moves).
+enum class ArgKind : uint8_t { kValue = 1, kBuffer = 2, kBufferIn = 3 };
 
 // Most arguments of one launch.
 inline constexpr uint32_t kMaxLaunchArgs = 64;

@@ -67,8 +67,8 @@ silt::Response Handle(const silt::Request& req, silt::Context& ctx) {
     const unsigned blocks = unsigned((n + 255) / 256);
     auto start = std::chrono::steady_clock::now();
     for (uint64_t i = 0; i < k; ++i)
-      if (auto l = gpu.Launch(*mod, "saxpy", {blocks}, {256}, 1.0001f, *x, *y,
-                              int(n));
+      if (auto l = gpu.Launch(*mod, "saxpy", {blocks}, {256}, 1.0001f, x->In(),
+                              *y, int(n));
           !l.ok())
         return Fail(l.message());
     if (auto s = gpu.Synchronize(); !s.ok()) return Fail(s.message());
