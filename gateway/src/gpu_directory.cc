@@ -104,6 +104,7 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Open(
     else
       best = nullptr;
   }
+  const bool on_gpu = best != nullptr;
   if (best == nullptr) {  // no GPU has room: the asking node's CPU cores
     best = FindNode(nodes, asking_node);
     if (best != nullptr && best->leaving) best = nullptr;
@@ -119,8 +120,8 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Open(
   e.view.name = name;
   e.view.node = best->name;
   e.view.memory_limit = allocation;
-  e.view.backend = best->gpus > 0 ? "cuda" : "host";
-  e.view.device = best->gpus > 0 ? best->gpu_model : "";
+  e.view.backend = on_gpu ? "cuda" : "host";
+  e.view.device = on_gpu ? best->gpu_model : "";
   return e.view;
 }
 

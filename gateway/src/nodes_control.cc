@@ -499,6 +499,7 @@ grpc::Status NodeRegistry::Impl::OpenGpuProclet(
   res->set_id(v->id);
   res->set_node(v->node);
   res->set_memory_limit(v->memory_limit);
+  res->set_backend(v->backend);
   std::lock_guard<std::mutex> l(mu);
   auto it = nodes.find(v->node);
   if (it == nodes.end())

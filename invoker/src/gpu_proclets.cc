@@ -274,11 +274,9 @@ absl::StatusOr<std::shared_ptr<GpuProclets::Proclet>> GpuProclets::Start(
   return p;
 }
 
-absl::StatusOr<GpuProclets::Held> GpuProclets::Hold(const std::string& ns,
-                                                    const std::string& function,
-                                                    const std::string& name,
-                                                    uint64_t memory_limit,
-                                                    bool create) {
+absl::StatusOr<GpuProclets::Held> GpuProclets::Hold(
+    const std::string& ns, const std::string& function, const std::string& name,
+    uint64_t memory_limit, bool create, const std::string& backend) {
   const std::string key = ProcletKey(ns, function, name);
   {
     absl::MutexLock lock(&mu_);
@@ -294,7 +292,7 @@ absl::StatusOr<GpuProclets::Held> GpuProclets::Hold(const std::string& ns,
   if (!create)
     return absl::NotFoundError(absl::StrCat("no GPU proclet ", name, " of ",
                                             function, " is held here"));
-  auto p = Start(ns, function, name, memory_limit, "");
+  auto p = Start(ns, function, name, memory_limit, backend);
   if (!p.ok()) return p.status();
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = proclets_.emplace(key, *p);
@@ -305,8 +303,10 @@ std::string GpuProclets::ServeHere(const std::string& ns,
                                    const std::string& function,
                                    const std::string& name,
                                    uint64_t memory_limit, bool placed,
+                                   const std::string& backend,
                                    std::string_view op_request) {
-  auto held = Hold(ns, function, name, memory_limit, /*create=*/placed);
+  auto held =
+      Hold(ns, function, name, memory_limit, /*create=*/placed, backend);
   // Not here, and the caller's idea of where it is came from a cache (it
   // moved away long ago, or this node restarted): back to the directory,
   // never a second proclet.
@@ -355,6 +355,7 @@ std::string GpuProclets::Route(const std::string& ns,
     // allocation), or a cache.
     const bool placed = address.empty();
     uint64_t memory_limit = fn.memory_limit;
+    std::string backend;  // where the directory placed it: its GPU or CPU
     if (address.empty()) {
       if (!options_.locate) {
         address = self;
@@ -366,13 +367,15 @@ std::string GpuProclets::Route(const std::string& ns,
                                     located.status().message()));
         address = located->data_address;
         memory_limit = located->memory_limit;
+        backend = located->backend;
       }
       absl::MutexLock lock(&mu_);
       where_[key] = address;
     }
     std::string reply;
     if (address == self) {
-      reply = ServeHere(ns, function, name, memory_limit, placed, op_request);
+      reply = ServeHere(ns, function, name, memory_limit, placed, backend,
+                        op_request);
     } else {
       std::string frame;
       wire::Writer w(&frame);
@@ -383,6 +386,7 @@ std::string GpuProclets::Route(const std::string& ns,
       w.U64(memory_limit);
       w.Str(op_request);
       w.U8(placed ? 1 : 0);
+      w.Str(backend);
       reply = Remote(address, frame);
       if (reply.empty()) {  // its node is gone: ask the directory again
         absl::MutexLock lock(&mu_);
@@ -473,9 +477,12 @@ std::string GpuProclets::ServePeer(wire::Reader& r) {
       !wire::ValidStructureName(name))
     return Reply(StateCode::kInvalid, "malformed GPU request");
   uint8_t placed = 1;
-  (void)r.U8(&placed);
+  std::string_view backend;
+  if (!r.U8(&placed) || !r.Str(&backend)) backend = {};
+  if (!backend.empty() && backend != "cuda" && backend != "host")
+    return Reply(StateCode::kInvalid, "malformed GPU request (backend)");
   return ServeHere(std::string(ns), std::string(function), std::string(name),
-                   memory_limit, placed != 0, request);
+                   memory_limit, placed != 0, std::string(backend), request);
 }
 
 std::string GpuProclets::AdoptPeer(wire::Reader& r, PeerStream& stream) {

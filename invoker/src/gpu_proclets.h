@@ -59,6 +59,7 @@ struct GpuProcletsOptions {
   struct Location {
     std::string data_address;
     uint64_t memory_limit = 0;
+    std::string backend;  // "cuda", "host" ("": the node's choice)
   };
   std::function<absl::StatusOr<Location>(
       const std::string& ns, const std::string& function,
@@ -136,7 +137,7 @@ class GpuProclets {
   };
   absl::StatusOr<Held> Hold(const std::string& ns, const std::string& function,
                             const std::string& name, uint64_t memory_limit,
-                            bool create);
+                            bool create, const std::string& backend = "");
   absl::StatusOr<std::shared_ptr<Proclet>> Start(const std::string& ns,
                                                  const std::string& function,
                                                  const std::string& name,
@@ -152,7 +153,8 @@ class GpuProclets {
   // else absent answers kMoved to nowhere (ask the directory).
   std::string ServeHere(const std::string& ns, const std::string& function,
                         const std::string& name, uint64_t memory_limit,
-                        bool placed, std::string_view op_request);
+                        bool placed, const std::string& backend,
+                        std::string_view op_request);
 
   // A move's three steps: the target started, a part of the state sent to
   // it, the pause's delta sent and the target serving (`m` gets its side).

@@ -209,7 +209,8 @@ GpuProcletsOptions Invoker::Impl::GpuProcletsHere() {
     if (!st.ok())
       return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
                           st.error_message());
-    return GpuProcletsOptions::Location{loc.data_address(), loc.memory_limit()};
+    return GpuProcletsOptions::Location{loc.data_address(), loc.memory_limit(),
+                                        loc.backend()};
   };
   o.function = [p](const std::string& ns, const std::string& function)
       -> absl::StatusOr<GpuProcletsOptions::FunctionInfo> {

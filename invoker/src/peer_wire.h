@@ -49,7 +49,8 @@ enum class PeerOp : uint8_t {
   kRunTask = 8,
   // A GPU proclet's request (gpu_proclets.h): str namespace, str function,
   // str name, u64 memory_limit, str request (a GpuOp and its arguments), u8
-  // placed (1: the directory just placed it here: start it if absent) ->
+  // placed (1: the directory just placed it here: start it if absent), str
+  // backend (where it placed it: "cuda", "host", "" = the node's) ->
   // its reply, or kMoved (str address, u64 0) when it moved away (address
   // "": not here; ask the directory).
   kGpu = 9,

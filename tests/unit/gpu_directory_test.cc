@@ -1,0 +1,95 @@
+// The gateway's GPU directory: placement by each function's GPU memory labels
+// (preferred where a GPU has it free, downgraded toward the minimum on the GPU
+// with the most free, else the asking node's CPU cores), and the labels'
+// validation. Nodes are described, not started: placement makes no RPC.
+#include "gpu_directory.h"
+
+#include "gtest/gtest.h"
+
+namespace silt::gateway {
+namespace {
+
+constexpr uint64_t kMi = 1 << 20;
+
+std::vector<GpuNode> Nodes() {
+  GpuNode a{.name = "a",
+            .data_address = "10.0.0.1:1",
+            .gpus = 1,
+            .gpu_memory = 1024 * kMi,
+            .gpu_model = "big"};
+  GpuNode b{.name = "b",
+            .data_address = "10.0.0.2:1",
+            .gpus = 1,
+            .gpu_memory = 512 * kMi,
+            .gpu_model = "small"};
+  GpuNode cpu{.name = "cpu", .data_address = "10.0.0.3:1"};
+  return {a, b, cpu};
+}
+
+TEST(GpuDirectoryTest, PlacesPreferredThenDowngradesThenFallsBackToTheCpu) {
+  GpuDirectory d(Nodes);
+  const GpuMemoryNeeds needs{
+      .min = 128 * kMi, .preferred = 768 * kMi, .max = 1024 * kMi};
+  auto first = d.Open("ns", "f", "one", needs, "cpu");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->node, "a");
+  EXPECT_EQ(first->backend, "cuda");
+  EXPECT_EQ(first->memory_limit, 768 * kMi);
+  // a has 256 MiB left, b 512: b, with what it has.
+  auto second = d.Open("ns", "f", "two", needs, "cpu");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->node, "b");
+  EXPECT_EQ(second->memory_limit, 512 * kMi);
+  // 256 MiB free at most, below this one's minimum: the asking node's CPU.
+  GpuMemoryNeeds picky = needs;
+  picky.min = 384 * kMi;
+  auto third = d.Open("ns", "g", "three", picky, "cpu");
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->node, "cpu");
+  EXPECT_EQ(third->backend, "host");
+  EXPECT_EQ(third->memory_limit, 768 * kMi);
+  // Without a minimum, no downgrade: the CPU too.
+  auto fourth = d.Open("ns", "g", "four", {.max = 300 * kMi}, "a");
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  EXPECT_EQ(fourth->node, "a");
+  EXPECT_EQ(fourth->backend, "host");
+  // Asked again: where it is.
+  auto again = d.Open("ns", "f", "one", needs, "b");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->id, first->id);
+  EXPECT_EQ(again->node, "a");
+}
+
+TEST(GpuDirectoryTest, LabelsAreQuantitiesInOrder) {
+  auto ok = ParseGpuMemoryLabels({{"com.silt.gpu.min-memory", "64Mi"},
+                                  {"com.silt.gpu.preferred-memory", "1Gi"},
+                                  {"com.silt.gpu.max-memory", "2Gi"}});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->min, 64 * kMi);
+  EXPECT_EQ(ok->wanted(), 1024 * kMi);
+  EXPECT_EQ(
+      ParseGpuMemoryLabels({{"com.silt.gpu.max-memory", "1Gi"}})->wanted(),
+      1024 * kMi);
+  struct Bad {
+    std::map<std::string, std::string> labels;
+    const char* says;
+  };
+  for (const Bad& bad :
+       {Bad{{{"com.silt.gpu.min-memory", "lots"}}, "min-memory=lots"},
+        Bad{{{"com.silt.gpu.max-memory", "0"}}, "max-memory=0"},
+        Bad{{{"com.silt.gpu.preferred-memory", "2Gi"},
+             {"com.silt.gpu.max-memory", "1Gi"}},
+            "preferred-memory is more than"},
+        Bad{{{"com.silt.gpu.min-memory", "2Gi"},
+             {"com.silt.gpu.max-memory", "1Gi"}},
+            "min-memory is more than com.silt.gpu.max-memory"}}) {
+    auto r = ParseGpuMemoryLabels(bad.labels);
+    ASSERT_FALSE(r.ok()) << bad.says;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(bad.says), std::string::npos)
+        << r.status();
+  }
+}
+
+}  // namespace
+}  // namespace silt::gateway
