@@ -52,31 +52,36 @@ int GpuList(const Requester& send, const std::string& output) {
     std::cout << j.dump(2) << std::endl;
     return 0;
   }
-  std::cout << absl::StrFormat("%-16s\t%-4s\t%-28s\t%-12s\t%-12s\t%s\n", "Node",
-                               "GPUs", "Model", "Memory", "Used",
-                               "Proclets (GPU/CPU)");
+  std::cout << absl::StrFormat("%-16s\t%-4s\t%-28s\t%-12s\t%-12s\t%-5s\t%s\n",
+                               "Node", "GPUs", "Model", "Memory", "Used",
+                               "Busy", "Proclets (GPU/CPU)");
   for (const auto& n : j["nodes"])
     std::cout << absl::StrFormat(
-        "%-16s\t%-4d\t%-28s\t%-12s\t%-12s\t%d/%d\n", n.value("node", ""),
+        "%-16s\t%-4d\t%-28s\t%-12s\t%-12s\t%-5s\t%d/%d\n", n.value("node", ""),
         n.value("gpus", 0),
         n.value("model", "").empty() ? "-" : n.value("model", ""),
         Mib(n.value("memory", uint64_t{0})),
-        Mib(n.value("memoryUsed", uint64_t{0})), n.value("proclets", 0),
-        n.value("hostProclets", 0));
+        Mib(n.value("memoryUsed", uint64_t{0})),
+        n.value("gpus", 0) == 0
+            ? std::string("-")
+            : absl::StrFormat("%.0f%%", 100 * n.value("utilization", 0.0)),
+        n.value("proclets", 0), n.value("hostProclets", 0));
   if (j["proclets"].empty()) return 0;
   std::cout << "\n"
-            << absl::StrFormat("%-6s\t%-24s\t%-16s\t%-7s\t%-12s\t%-12s\t%s\n",
-                               "ID", "Proclet", "Node", "Backend", "Memory",
-                               "Limit", "Launches");
+            << absl::StrFormat(
+                   "%-6s\t%-24s\t%-16s\t%-7s\t%-12s\t%-12s\t%-5s\t%s\n", "ID",
+                   "Proclet", "Node", "Backend", "Memory", "Limit", "Busy",
+                   "Launches");
   for (const auto& p : j["proclets"])
     std::cout << absl::StrFormat(
-        "%-6s\t%-24s\t%-16s\t%-7s\t%-12s\t%-12s\t%d\n", p.value("id", ""),
+        "%-6s\t%-24s\t%-16s\t%-7s\t%-12s\t%-12s\t%-5s\t%d\n", p.value("id", ""),
         p.value("function", "") + "/" + p.value("structure", ""),
         p.value("node", ""), p.value("backend", ""),
         Mib(p.value("bytes", uint64_t{0})),
         p.value("memoryLimit", uint64_t{0}) == 0
             ? std::string("device")
             : Mib(p.value("memoryLimit", uint64_t{0})),
+        absl::StrFormat("%.0f%%", 100 * p.value("utilization", 0.0)),
         p.value("launches", uint64_t{0}));
   return 0;
 }

@@ -1,5 +1,6 @@
 // /system/gpu and GPU proclet moves: the HTTP face of the GPU directory
 // (gpu_directory.h).
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,8 @@ ordered_json GpuProcletJson(const GpuProcletView& g) {
           {"bytes", g.memory_used},
           {"memoryLimit", g.memory_limit},
           {"launches", g.launches},
+          {"busyMs", g.busy_ns / 1e6},
+          {"utilization", g.utilization},
           {"moves", g.moves},
           {"lastPauseMs", g.last_pause_ms},
           {"state", "serving"}};
@@ -125,11 +128,13 @@ absl::StatusOr<HttpResponse> Api::ListGpus() {
   for (const auto& n : d->Nodes()) {
     uint64_t used = 0, limits = 0;
     uint32_t on_gpu = 0, on_cpu = 0;
+    double busy = 0;
     for (const auto& p : proclets) {
       if (p.node != n.name) continue;
       if (p.backend == "cuda") {
         used += p.memory_used;
         limits += p.memory_limit;
+        busy += p.utilization;
         ++on_gpu;
       } else {
         ++on_cpu;
@@ -141,6 +146,7 @@ absl::StatusOr<HttpResponse> Api::ListGpus() {
                      {"memory", n.gpu_memory},
                      {"memoryUsed", used},
                      {"memoryPromised", limits},
+                     {"utilization", std::min(1.0, busy)},
                      {"proclets", on_gpu},
                      {"hostProclets", on_cpu}});
   }
@@ -198,6 +204,33 @@ std::string GpuMetricsText(GpuDirectory& d) {
   for (const auto& p : proclets)
     absl::StrAppend(&out, "silt_gpu_proclet_launches", labels(p), " ",
                     p.launches, "\n");
+  out +=
+      "# HELP silt_gpu_proclet_busy_seconds_total Time a GPU proclet's device "
+      "ran its launches (a move starts a new count)\n"
+      "# TYPE silt_gpu_proclet_busy_seconds_total counter\n";
+  for (const auto& p : proclets)
+    absl::StrAppend(&out, "silt_gpu_proclet_busy_seconds_total", labels(p), " ",
+                    p.busy_ns / 1e9, "\n");
+  out +=
+      "# HELP silt_gpu_proclet_utilization Share of its device's time a GPU "
+      "proclet's launches ran, between its node's last two reports\n"
+      "# TYPE silt_gpu_proclet_utilization gauge\n";
+  for (const auto& p : proclets)
+    absl::StrAppend(&out, "silt_gpu_proclet_utilization", labels(p), " ",
+                    p.utilization, "\n");
+  out +=
+      "# HELP silt_gpu_utilization Share of a node's GPU's time its proclets' "
+      "launches ran\n"
+      "# TYPE silt_gpu_utilization gauge\n";
+  for (const auto& n : d.Nodes()) {
+    if (n.gpus == 0) continue;
+    double busy = 0;
+    for (const auto& p : proclets)
+      if (p.node == n.name && p.backend == "cuda") busy += p.utilization;
+    absl::StrAppend(&out, "silt_gpu_utilization{node=\"", esc(n.name),
+                    "\",model=\"", esc(n.gpu_model), "\"} ",
+                    std::min(1.0, busy), "\n");
+  }
   out +=
       "# HELP silt_gpu_proclet_moves Moves of a GPU proclet since the "
       "gateway started\n"

@@ -139,8 +139,19 @@ void GpuDirectory::Report(const std::string& node,
     h.node = node;
     h.moves = e.view.moves;
     h.last_pause_ms = e.view.last_pause_ms;
+    // Utilisation: device time over wall time since the last report (a
+    // smaller count is a new process: a move, or a restart).
+    const auto now = std::chrono::steady_clock::now();
+    const double wall_ns =
+        std::chrono::duration<double, std::nano>(now - e.reported_at).count();
+    h.utilization = e.view.utilization;
+    if (e.reported && e.view.node == node && h.busy_ns >= e.view.busy_ns &&
+        wall_ns > 0)
+      h.utilization =
+          std::min(1.0, double(h.busy_ns - e.view.busy_ns) / wall_ns);
     e.view = std::move(h);
     e.reported = true;
+    e.reported_at = now;
   }
   for (auto it = entries_.begin(); it != entries_.end();) {
     const Entry& e = it->second;

@@ -12,6 +12,7 @@
 #ifndef SILT_GATEWAY_GPU_DIRECTORY_H_
 #define SILT_GATEWAY_GPU_DIRECTORY_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -58,6 +59,8 @@ struct GpuProcletView {
   // As the node last reported (empty until then).
   std::string backend, device;
   uint64_t memory_used = 0, memory_limit = 0, launches = 0;
+  uint64_t busy_ns = 0;    // its device ran its launches this long
+  double utilization = 0;  // of its device, between its last two reports
   uint64_t moves = 0;
   double last_pause_ms = 0;
 };
@@ -118,6 +121,7 @@ class GpuDirectory {
     // Its node has reported it: once it is missing from a report, it is
     // gone (its function left the node). Until then it was only placed.
     bool reported = false;
+    std::chrono::steady_clock::time_point reported_at;
   };
   static std::string KeyOf(const std::string& ns, const std::string& function,
                            const std::string& name);

@@ -273,6 +273,7 @@ grpc::Status NodeRegistry::Impl::Connect(
         v.memory_used = g.memory_used();
         v.memory_limit = g.memory_limit();
         v.launches = g.launches();
+        v.busy_ns = g.busy_ns();
         gpu.push_back(std::move(v));
       }
       gpu_directory->Report(node->name, std::move(gpu));

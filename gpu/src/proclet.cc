@@ -1,6 +1,7 @@
 #include "gpu/proclet.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <set>
 #include <vector>
@@ -16,6 +17,12 @@ using wire::StateCode;
 
 // Abseil's string_view is its own type here.
 absl::string_view Sv(std::string_view s) { return {s.data(), s.size()}; }
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 StateCode CodeOf(const absl::Status& s) {
   switch (s.code()) {
@@ -162,6 +169,7 @@ std::string Proclet::Serve(std::string_view request) {
       out.resize(at + length);
       auto s =
           backend_->CopyOut(out.data() + at, it->second.ptr + offset, length);
+      Settled();  // a read waits for the launches before it
       return s.ok() ? Reply(StateCode::kOk, out) : Reply(s);
     }
     case GpuOp::kLoad: {
@@ -186,6 +194,7 @@ std::string Proclet::Serve(std::string_view request) {
     }
     case GpuOp::kSynchronize: {
       if (auto s = backend_->Synchronize(); !s.ok()) return Reply(s);
+      Settled();
       std::string out;
       wire::Writer(&out).U64(launches_);
       return Reply(StateCode::kOk, out);
@@ -220,6 +229,12 @@ std::string Proclet::Serve(std::string_view request) {
                absl::StrCat("unknown GPU operation ", op_byte));
 }
 
+void Proclet::Settled() {
+  if (in_flight_since_ns_ == 0) return;
+  busy_ns_ += NowNs() - in_flight_since_ns_;
+  in_flight_since_ns_ = 0;
+}
+
 std::string Proclet::Info() {
   std::string out;
   wire::Writer w(&out);
@@ -230,6 +245,7 @@ std::string Proclet::Info() {
   w.U64(launches_);
   w.U64(generation_);
   w.U64(pending_limit_);
+  w.U64(busy_ns_);
   return out;
 }
 
@@ -367,10 +383,15 @@ absl::StatusOr<std::string> Proclet::Launch(std::string_view request) {
     args[i] = values[i].data();
   }
   if (!r.done()) return Malformed("Launch (bytes after its arguments)");
+  const int64_t start = NowNs();
   if (auto s =
           m->second.module->Launch(kernel, grid, block, shared, args.data());
       !s.ok())
     return s;
+  if (backend_->kind() == BackendKind::kHost)
+    busy_ns_ += NowNs() - start;  // it ran in the call
+  else if (in_flight_since_ns_ == 0)
+    in_flight_since_ns_ = start;
   std::string out;
   wire::Writer(&out).U64(++launches_);
   return out;

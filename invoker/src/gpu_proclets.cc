@@ -109,7 +109,8 @@ bool ParseInfo(std::string_view reply, GpuProcletInfo* i) {
   std::string_view backend, device;
   if (!r.Str(&backend) || !r.Str(&device) || !r.U64(&i->memory_limit) ||
       !r.U64(&i->memory_used) || !r.U64(&i->launches) ||
-      !r.U64(&i->generation) || !r.U64(&i->pending_limit))
+      !r.U64(&i->generation) || !r.U64(&i->pending_limit) ||
+      !r.U64(&i->busy_ns))
     return false;
   i->backend = backend;
   i->device = device;

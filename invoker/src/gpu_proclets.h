@@ -72,6 +72,7 @@ struct GpuProcletInfo {
   std::string backend, device;
   uint64_t memory_limit = 0, memory_used = 0, launches = 0;
   uint64_t generation = 0, pending_limit = 0;
+  uint64_t busy_ns = 0;  // its device ran its launches this long
 };
 
 struct GpuMoveResult {

@@ -314,6 +314,7 @@ void Invoker::Impl::ConnectLoop() {
               out->set_memory_used(g.memory_used);
               out->set_memory_limit(g.memory_limit);
               out->set_launches(g.launches);
+              out->set_busy_ns(g.busy_ns);
             }
           next_report = now + options.report_interval;
           if (!stream->Write(m)) break;

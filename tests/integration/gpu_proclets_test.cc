@@ -86,6 +86,27 @@ TEST_F(GpuProcletsTest, TheExampleRunsItsKernelsAndKeepsDeviceState) {
   auto third = Invoke("/function/saxpy?n=10&a=1");
   EXPECT_TRUE(absl::StartsWith(third.body, "ok n=10 wrong=0 calls=3 "))
       << third.body;
+  // The time its launches kept the device busy reaches the gateway in the
+  // node's reports (silt gpu list, metrics).
+  EXPECT_TRUE(Eventually([&] {
+    auto j = nlohmann::json::parse(
+        cluster_->Silt({"gpu", "list", "-o", "json"}).out, nullptr, false);
+    if (!j.is_object()) return false;
+    for (const auto& p : j.value("proclets", nlohmann::json::array()))
+      if (p.value("function", "") == "saxpy" && p.value("busyMs", 0.0) > 0)
+        return true;
+    return false;
+  }));
+  auto metrics =
+      deploy::Send({.url = cluster_->gateway().metrics_url() + "/metrics"});
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_TRUE(
+      absl::StrContains(metrics->body,
+                        "silt_gpu_proclet_busy_seconds_total{function_name="
+                        "\"saxpy.openfaas-fn\""))
+      << metrics->body;
+  EXPECT_TRUE(absl::StrContains(metrics->body, "silt_gpu_proclet_utilization{"))
+      << metrics->body;
 }
 
 TEST_F(GpuProcletsTest, ABadGpuLabelIsRefusedAtDeploy) {

@@ -60,6 +60,10 @@ class Proclet {
   std::string SetLimit(uint64_t limit);
   // Applies a pending limit once what it holds fits.
   void ApplyPendingLimit();
+  // At a point where every launch so far has completed: the time they kept
+  // the device busy is counted (launches on a GPU are asynchronous: from the
+  // first launch after the device was idle until then).
+  void Settled();
   absl::StatusOr<std::string> Alloc(std::string_view name, uint64_t bytes);
   absl::Status Load(std::string_view name);
   absl::Status LoadImage(std::string_view name, ModuleImage image);
@@ -80,7 +84,10 @@ class Proclet {
   std::map<std::string, LoadedModule, std::less<>> modules_;
   uint64_t used_ = 0;
   uint64_t launches_ = 0;
-  uint64_t generation_ = 0;     // bumped by every move and resize
+  uint64_t generation_ = 0;  // bumped by every move and resize
+  uint64_t busy_ns_ = 0;     // the device ran its launches this long
+  // A launch on a GPU (asynchronous) is in flight since then (0: none).
+  int64_t in_flight_since_ns_ = 0;
   uint64_t pending_limit_ = 0;  // asked to shrink to this (0: not)
   bool paused_ = false;         // after kExtract, until kInject or kResume
   // A pre-copy pass: the buffer it copies next, and from where ("" and 0:

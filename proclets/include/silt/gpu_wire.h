@@ -23,7 +23,9 @@ enum class GpuOp : uint8_t {
   // -> str backend ("cuda" | "host"), str device, u64 memory_limit,
   //    u64 memory_used, u64 launches (completed so far), u64 generation
   //    (bumped by every move and resize), u64 pending_limit (0, or the
-  //    allocation it is asked to shrink to: Free buffers down to it)
+  //    allocation it is asked to shrink to: Free buffers down to it), u64
+  //    busy_ns (the device ran its launches this long, since its process
+  //    began; on a GPU, from a launch to the next point that waits for it)
   kInfo = 1,
   // str buffer, u64 bytes -> u64 bytes. Creates the buffer (zeroed) or
   // returns the one of that name; kInvalid when it exists with another size,
