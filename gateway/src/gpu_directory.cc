@@ -38,6 +38,19 @@ bool GpuDirectory::IsGpuId(const std::string& id) {
          absl::SimpleAtoi(absl::string_view(id).substr(1), &n);
 }
 
+absl::StatusOr<GpuDirectory::Entry*> GpuDirectory::StillByIdLocked(
+    const std::string& id) {
+  for (auto& [k, entry] : entries_) {
+    if (entry.view.id != id) continue;
+    if (entry.moving)
+      return absl::FailedPreconditionError(
+          absl::StrCat("GPU proclet ", id, " is moving already; try again"));
+    return &entry;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no GPU proclet ", id, " (see silt proclets list)"));
+}
+
 std::string GpuDirectory::NewIdLocked() {
   return absl::StrCat("g", next_id_++);
 }
@@ -205,15 +218,9 @@ absl::StatusOr<GpuMove> GpuDirectory::Migrate(const std::string& id,
   GpuProcletView from;
   {
     absl::MutexLock lock(&mu_);
-    Entry* e = nullptr;
-    for (auto& [k, entry] : entries_)
-      if (entry.view.id == id) e = &entry;
-    if (e == nullptr)
-      return absl::NotFoundError(
-          absl::StrCat("no GPU proclet ", id, " (see silt proclets list)"));
-    if (e->moving)
-      return absl::FailedPreconditionError(
-          absl::StrCat("GPU proclet ", id, " is moving already"));
+    auto found = StillByIdLocked(id);
+    if (!found.ok()) return found.status();
+    Entry* e = *found;
     if (e->view.node == node && e->view.backend == to_backend)
       return absl::InvalidArgumentError(absl::StrCat(
           "GPU proclet ", id, " is on ", node, " (", to_backend, ") already"));
@@ -286,16 +293,9 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Resize(const std::string& id,
   GpuProcletView view;
   {
     absl::MutexLock lock(&mu_);
-    const Entry* e = nullptr;
-    for (const auto& [k, entry] : entries_)
-      if (entry.view.id == id) e = &entry;
-    if (e == nullptr)
-      return absl::NotFoundError(
-          absl::StrCat("no GPU proclet ", id, " (see silt proclets list)"));
-    if (e->moving)
-      return absl::FailedPreconditionError(
-          absl::StrCat("GPU proclet ", id, " is moving; try again"));
-    view = e->view;
+    auto found = StillByIdLocked(id);
+    if (!found.ok()) return found.status();
+    view = (*found)->view;
   }
   const GpuNode* holder = FindNode(nodes, view.node);
   if (holder == nullptr || !holder->channel)

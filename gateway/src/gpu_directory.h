@@ -126,6 +126,9 @@ class GpuDirectory {
   static std::string KeyOf(const std::string& ns, const std::string& function,
                            const std::string& name);
   std::string NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Proclet `id`, not moving: NotFound, or FailedPrecondition (moving).
+  absl::StatusOr<Entry*> StillByIdLocked(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const NodeSource nodes_;
   absl::Mutex mu_;

@@ -97,6 +97,12 @@ bool ReadFile(const std::string& path, std::string* out) {
   return true;
 }
 
+// Clears a flag when it goes out of scope (a proclet's `moving`).
+struct ClearOnExit {
+  std::atomic<bool>& flag;
+  ~ClearOnExit() { flag = false; }
+};
+
 double MsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(
              std::chrono::steady_clock::now() - t)
@@ -655,10 +661,7 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
   if (p->moving.exchange(true))
     return absl::FailedPreconditionError(absl::StrCat(
         "GPU proclet ", name, " of ", function, " is being moved already"));
-  struct NotMoving {  // again when this returns
-    std::atomic<bool>& moving;
-    ~NotMoving() { moving = false; }
-  } not_moving{p->moving};
+  ClearOnExit not_moving{p->moving};
   GpuProcletInfo from;
   if (!ParseInfo(p->Exchange(std::string(1, char(GpuOp::kInfo))), &from))
     return absl::FailedPreconditionError(
@@ -758,10 +761,7 @@ absl::StatusOr<GpuProcletInfo> GpuProclets::Resize(const std::string& ns,
   if (p->moving.exchange(true))
     return absl::FailedPreconditionError(absl::StrCat(
         "GPU proclet ", name, " of ", function, " is being moved or resized"));
-  struct NotMoving {
-    std::atomic<bool>& moving;
-    ~NotMoving() { moving = false; }
-  } not_moving{p->moving};
+  ClearOnExit not_moving{p->moving};
   auto set_limit = [&](uint64_t bytes) {
     std::string req(1, static_cast<char>(GpuOp::kSetLimit));
     wire::Writer(&req).U64(bytes);
