@@ -97,6 +97,15 @@ bool ReadFile(const std::string& path, std::string* out) {
   return true;
 }
 
+// A kPrecopy request for the next part.
+std::string PrecopyRequest(bool restart) {
+  std::string request(1, static_cast<char>(GpuOp::kPrecopy));
+  wire::Writer w(&request);
+  w.U8(restart ? 1 : 0);
+  w.U64(kPrecopyPartBytes);
+  return request;
+}
+
 // Clears a flag when it goes out of scope (a proclet's `moving`).
 struct ClearOnExit {
   std::atomic<bool>& flag;
@@ -518,8 +527,15 @@ std::string GpuProclets::AdoptPeer(wire::Reader& r, PeerStream& stream) {
     uint64_t n;
     if (!f.U8(&step) || !f.U64(&n) || n > (uint64_t{1} << 40) ||
         (step != static_cast<uint8_t>(GpuAdoptStep::kPart) &&
-         step != static_cast<uint8_t>(GpuAdoptStep::kCommit)))
+         step != static_cast<uint8_t>(GpuAdoptStep::kCommit) &&
+         step != static_cast<uint8_t>(GpuAdoptStep::kFlush)))
       return {};
+    if (step == static_cast<uint8_t>(GpuAdoptStep::kFlush)) {
+      if (n != 0 ||
+          !stream.reply(failed.empty() ? Reply(StateCode::kOk) : failed).ok())
+        return {};
+      continue;
+    }
     part.resize(1 + n);
     part[0] = static_cast<char>(GpuOp::kInject);
     if (!stream.read_raw(part.data() + 1, n).ok()) return {};
@@ -614,6 +630,23 @@ absl::Status GpuProclets::SendPart(MoveTarget& to, GpuAdoptStep step,
   return absl::OkStatus();
 }
 
+absl::Status GpuProclets::FlushMove(MoveTarget& to) {
+  if (to.local) return to.failed;  // its parts were applied as they went
+  std::string frame, reply;
+  wire::Writer w(&frame);
+  w.U8(static_cast<uint8_t>(GpuAdoptStep::kFlush));
+  w.U64(0);
+  if (!WriteBytesFrame(to.conn->fd, frame).ok() ||
+      !to.conn->reader->Next(&reply).ok() || reply.empty())
+    return absl::UnavailableError(
+        absl::StrCat("lost the connection to ", to.address, " while moving"));
+  if (CodeOf(reply) != StateCode::kOk)
+    return absl::FailedPreconditionError(
+        absl::StrCat("the target refused the GPU proclet's state: ",
+                     Sv(std::string_view(reply).substr(1))));
+  return absl::OkStatus();
+}
+
 absl::Status GpuProclets::CommitMove(MoveTarget& to, std::string_view delta,
                                      GpuMoveResult* m) {
   const auto start = Clock::now();
@@ -680,12 +713,8 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
   for (int pass = 0; pass < kPrecopyPasses; ++pass) {
     uint64_t pass_bytes = 0;
     for (bool done = false; !done;) {
-      std::string request(1, static_cast<char>(GpuOp::kPrecopy));
-      wire::Writer w(&request);
-      w.U8(restart ? 1 : 0);
-      w.U64(kPrecopyPartBytes);
+      std::string part = p->Exchange(PrecopyRequest(restart));
       restart = false;
-      std::string part = p->Exchange(request);
       if (CodeOf(part) != StateCode::kOk || part.size() < 2)
         return absl::FailedPreconditionError(
             absl::StrCat("copying the GPU proclet's state: ",
@@ -701,6 +730,8 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
     if (pass_bytes < kPrecopyPartBytes || pass_bytes >= last_pass) break;
     last_pass = pass_bytes;
   }
+  // The target has applied it all (not queued behind the pause).
+  if (auto s = FlushMove(to); !s.ok()) return s;
   m.precopy_ms = MsSince(precopy_start);
 
   // The pause: calls wait on the proclet's lock from here on (at a kernel
@@ -710,18 +741,33 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
   {
     absl::MutexLock lock(&p->mu);
     const auto start = Clock::now();
-    std::string delta = p->ExchangeLocked(
-        std::string{static_cast<char>(GpuOp::kExtract), char{1}});
     auto resume = [&](absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) {
       p->ExchangeLocked(std::string(1, static_cast<char>(GpuOp::kResume)));
       return why;
     };
+    // What was written since goes in parts too, so that taking one off the
+    // device, sending one and putting one on overlap.
+    for (bool done = false; !done;) {
+      std::string part = p->ExchangeLocked(PrecopyRequest(false));
+      if (CodeOf(part) != StateCode::kOk || part.size() < 2)
+        return resume(absl::FailedPreconditionError(
+            absl::StrCat("copying the GPU proclet's state: ",
+                         Sv(std::string_view(part).substr(1)))));
+      done = part[1] != 0;
+      m.paused_bytes += part.size() - 2;
+      if (auto s = SendPart(to, GpuAdoptStep::kPart,
+                            std::string_view(part).substr(2));
+          !s.ok())
+        return resume(s);
+    }
+    std::string delta = p->ExchangeLocked(
+        std::string{static_cast<char>(GpuOp::kExtract), char{1}});
     if (CodeOf(delta) != StateCode::kOk)
       return resume(absl::InternalError(
           absl::StrCat("taking the GPU proclet's state: ",
                        Sv(std::string_view(delta).substr(1)))));
     m.extract_ms = MsSince(start);
-    m.paused_bytes = delta.size() - 1;
+    m.paused_bytes += delta.size() - 1;
     if (auto s = CommitMove(to, std::string_view(delta).substr(1), &m); !s.ok())
       return resume(s);
     {

@@ -163,6 +163,8 @@ class GpuProclets {
                          const std::string& backend, MoveTarget* to);
   absl::Status SendPart(MoveTarget& to, GpuAdoptStep step,
                         std::string_view state);
+  // Waits until the target has applied every part sent.
+  absl::Status FlushMove(MoveTarget& to);
   absl::Status CommitMove(MoveTarget& to, std::string_view delta,
                           GpuMoveResult* m);
 

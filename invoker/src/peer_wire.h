@@ -59,14 +59,15 @@ enum class PeerOp : uint8_t {
   // this node's) -> code (its process is started, not yet serving). Then
   // frames u8 GpuAdoptStep, u64 n, each followed by n bytes of its state (a
   // GpuState part, silt/gpu_wire.h), unframed: kPart (no reply: the
-  // pre-copy, the proclet still running at the source), then kCommit (the
-  // pause's delta) -> code (the first failure of any part), str backend,
-  // str device, u64 inject_us; from then on it serves here. The connection
-  // ending before kCommit's reply leaves nothing here.
+  // pre-copy, the proclet still running at the source), kFlush (n = 0) ->
+  // code once every part so far is applied (the first failure of any), then
+  // kCommit (the pause's delta) -> code (likewise), str backend, str device,
+  // u64 inject_us; from then on it serves here. The connection ending before
+  // kCommit's reply leaves nothing here.
   kGpuAdopt = 10,
 };
 
-enum class GpuAdoptStep : uint8_t { kPart = 1, kCommit = 2 };
+enum class GpuAdoptStep : uint8_t { kPart = 1, kCommit = 2, kFlush = 3 };
 
 // Which function's instance runs a task (PeerOp::kRunTask), and for how long
 // at most.
