@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -83,59 +84,136 @@ absl::StatusOr<GpuMemoryNeeds> ParseGpuMemoryLabels(
   return n;
 }
 
-absl::StatusOr<GpuProcletView> GpuDirectory::Open(
-    const std::string& ns, const std::string& function, const std::string& name,
-    const GpuMemoryNeeds& needs, const std::string& asking_node) {
-  const std::vector<GpuNode> nodes = nodes_();  // before mu_: it locks too
-  const std::string key = KeyOf(ns, function, name);
-  absl::MutexLock lock(&mu_);
-  auto it = entries_.find(key);
-  if (it != entries_.end() && FindNode(nodes, it->second.view.node) != nullptr)
-    return it->second.view;
-  // What each node's GPU has promised already.
+std::map<std::string, uint64_t> GpuDirectory::PromisedLocked() const {
   std::map<std::string, uint64_t> promised;
   for (const auto& [k, e] : entries_)
     if (e.view.backend != "host")
       promised[e.view.node] +=
           std::max(e.view.memory_limit, e.view.memory_used);
+  return promised;
+}
+
+GpuDirectory::Placement GpuDirectory::PlaceLocked(
+    const std::vector<GpuNode>& nodes, const GpuMemoryNeeds& needs,
+    const std::string& asking_node) const {
+  std::map<std::string, uint64_t> promised = PromisedLocked();
   // The GPU with the most free: the preferred allocation there, or
   // (downgraded) what is free if that is at least the minimum.
-  const GpuNode* best = nullptr;
+  Placement p;
   uint64_t best_free = 0;
   for (const auto& n : nodes) {
     if (n.leaving || n.gpus == 0 || n.gpu_memory < promised[n.name]) continue;
     uint64_t free = n.gpu_memory - promised[n.name];
-    if (best == nullptr || free > best_free) {
-      best = &n;
+    if (p.node == nullptr || free > best_free) {
+      p.node = &n;
       best_free = free;
     }
   }
-  uint64_t allocation = needs.wanted();
-  if (best != nullptr && best_free < allocation) {
+  p.allocation = needs.wanted();
+  if (p.node != nullptr && best_free < p.allocation) {
     if (needs.min > 0 && best_free >= needs.min)
-      allocation = best_free;
+      p.allocation = best_free;
     else
-      best = nullptr;
+      p.node = nullptr;
   }
-  const bool on_gpu = best != nullptr;
-  if (best == nullptr) {  // no GPU has room: the asking node's CPU cores
-    best = FindNode(nodes, asking_node);
-    if (best != nullptr && best->leaving) best = nullptr;
+  p.on_gpu = p.node != nullptr;
+  if (p.node == nullptr) {  // no GPU has room: the asking node's CPU cores
+    p.node = FindNode(nodes, asking_node);
+    if (p.node != nullptr && p.node->leaving) p.node = nullptr;
     for (const auto& n : nodes)
-      if (best == nullptr && !n.leaving) best = &n;
+      if (p.node == nullptr && !n.leaving) p.node = &n;
   }
-  if (best == nullptr)
-    return absl::UnavailableError("no node can hold a GPU proclet now");
-  Entry& e = entries_[key];
-  if (e.view.id.empty()) e.view.id = NewIdLocked();
-  e.view.ns = ns;
-  e.view.function = function;
-  e.view.name = name;
-  e.view.node = best->name;
-  e.view.memory_limit = allocation;
-  e.view.backend = on_gpu ? "cuda" : "host";
-  e.view.device = on_gpu ? best->gpu_model : "";
-  return e.view;
+  return p;
+}
+
+std::vector<std::pair<std::string, uint64_t>> GpuDirectory::RoomPlanLocked(
+    const std::vector<GpuNode>& nodes, const GpuMemoryNeeds& needs) const {
+  const uint64_t needed = needs.min > 0 ? needs.min : needs.wanted();
+  if (needed == 0) return {};  // it wants the whole device
+  std::map<std::string, uint64_t> promised = PromisedLocked();
+  struct Spare {
+    std::string id;
+    uint64_t limit, floor;  // its allocation, and the least it can have
+  };
+  std::vector<Spare> best_spares;
+  uint64_t best_free = 0, best_total = 0;
+  for (const auto& n : nodes) {
+    if (n.leaving || n.gpus == 0) continue;
+    const uint64_t free =
+        n.gpu_memory > promised[n.name] ? n.gpu_memory - promised[n.name] : 0;
+    std::vector<Spare> spares;
+    uint64_t total = free;
+    for (const auto& [k, e] : entries_) {
+      if (e.view.node != n.name || e.view.backend == "host" || e.moving ||
+          e.needs.min == 0)
+        continue;
+      const uint64_t floor = std::max(e.needs.min, e.view.memory_used);
+      if (e.view.memory_limit <= floor) continue;
+      spares.push_back({e.view.id, e.view.memory_limit, floor});
+      total += e.view.memory_limit - floor;
+    }
+    if (total >= needed && total > best_total) {
+      best_total = total;
+      best_free = free;
+      best_spares = std::move(spares);
+    }
+  }
+  // The most spare first, each only as far as still needed.
+  std::sort(best_spares.begin(), best_spares.end(),
+            [](const Spare& a, const Spare& b) {
+              return a.limit - a.floor > b.limit - b.floor;
+            });
+  std::vector<std::pair<std::string, uint64_t>> plan;
+  uint64_t free = best_free;
+  for (const Spare& s : best_spares) {
+    if (free >= needed) break;
+    const uint64_t take = std::min(s.limit - s.floor, needed - free);
+    plan.push_back({s.id, s.limit - take});
+    free += take;
+  }
+  return plan;
+}
+
+absl::StatusOr<GpuProcletView> GpuDirectory::Open(
+    const std::string& ns, const std::string& function, const std::string& name,
+    const GpuMemoryNeeds& needs, const std::string& asking_node) {
+  const std::vector<GpuNode> nodes = nodes_();  // before mu_: it locks too
+  const std::string key = KeyOf(ns, function, name);
+  for (bool made_room = false;; made_room = true) {
+    std::vector<std::pair<std::string, uint64_t>> shrink;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = entries_.find(key);
+      if (it != entries_.end() &&
+          FindNode(nodes, it->second.view.node) != nullptr)
+        return it->second.view;
+      Placement p = PlaceLocked(nodes, needs, asking_node);
+      // No GPU has room: proclets that declared a minimum are downgraded
+      // toward it (never below what they hold) rather than this one going
+      // to CPU cores, once.
+      if (!p.on_gpu && !made_room) shrink = RoomPlanLocked(nodes, needs);
+      if (shrink.empty()) {
+        if (p.node == nullptr)
+          return absl::UnavailableError("no node can hold a GPU proclet now");
+        Entry& e = entries_[key];
+        if (e.view.id.empty()) e.view.id = NewIdLocked();
+        e.needs = needs;
+        e.view.ns = ns;
+        e.view.function = function;
+        e.view.name = name;
+        e.view.node = p.node->name;
+        e.view.memory_limit = p.allocation;
+        e.view.backend = p.on_gpu ? "cuda" : "host";
+        e.view.device = p.on_gpu ? p.node->gpu_model : "";
+        return e.view;
+      }
+    }
+    for (const auto& [id, bytes] : shrink)
+      if (auto r = Resize(id, bytes, absl::Seconds(1)); !r.ok())
+        fprintf(stderr,
+                "silt-gateway: downgrading GPU proclet %s to make room: %s\n",
+                id.c_str(), std::string(r.status().message()).c_str());
+  }
 }
 
 void GpuDirectory::Report(const std::string& node,
@@ -298,10 +376,31 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Resize(const std::string& id,
     view = (*found)->view;
   }
   const GpuNode* holder = FindNode(nodes, view.node);
-  if (holder == nullptr || !holder->channel)
+  if (holder == nullptr || (!holder->channel && !resize_))
     return absl::UnavailableError(absl::StrCat("node ", view.node,
                                                ", which holds GPU proclet ", id,
                                                ", is not connected"));
+  auto now = resize_ ? resize_(*holder, view, bytes, wait)
+                     : ResizeOnNode(*holder, view, bytes, wait);
+  if (!now.ok())
+    return absl::Status(now.status().code(),
+                        absl::StrCat("resizing GPU proclet ", id, ": ",
+                                     now.status().message()));
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(KeyOf(view.ns, view.function, view.name));
+  if (it != entries_.end()) {
+    it->second.view.memory_limit = now->first;
+    it->second.view.memory_used = now->second;
+    view = it->second.view;
+  }
+  view.memory_limit = now->first;
+  view.memory_used = now->second;
+  return view;
+}
+
+absl::StatusOr<std::pair<uint64_t, uint64_t>> GpuDirectory::ResizeOnNode(
+    const GpuNode& holder, const GpuProcletView& view, uint64_t bytes,
+    absl::Duration wait) {
   pv1::ResizeGpuProcletRequest req;
   req.set_namespace_(view.ns);
   req.set_function(view.function);
@@ -312,22 +411,12 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Resize(const std::string& id,
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
                    absl::ToChronoMilliseconds(wait) + std::chrono::seconds(10));
-  grpc::Status st = pv1::ProcletHost::NewStub(holder->channel)
+  grpc::Status st = pv1::ProcletHost::NewStub(holder.channel)
                         ->ResizeGpuProclet(&ctx, req, &res);
   if (!st.ok())
-    return absl::Status(
-        static_cast<absl::StatusCode>(st.error_code()),
-        absl::StrCat("resizing GPU proclet ", id, ": ", st.error_message()));
-  absl::MutexLock lock(&mu_);
-  auto it = entries_.find(KeyOf(view.ns, view.function, view.name));
-  if (it != entries_.end()) {
-    it->second.view.memory_limit = res.memory_limit();
-    it->second.view.memory_used = res.memory_used();
-    view = it->second.view;
-  }
-  view.memory_limit = res.memory_limit();
-  view.memory_used = res.memory_used();
-  return view;
+    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                        st.error_message());
+  return std::pair<uint64_t, uint64_t>{res.memory_limit(), res.memory_used()};
 }
 
 void GpuDirectory::DropFunction(const std::string& ns,

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -75,11 +76,20 @@ struct GpuMove {
 class GpuDirectory {
  public:
   using NodeSource = std::function<std::vector<GpuNode>()>;
-  explicit GpuDirectory(NodeSource nodes) : nodes_(std::move(nodes)) {}
+  // Sets a proclet's allocation on the node holding it: its new allocation
+  // and use. Unset: the node's ProcletHost service (tests wrap that seam).
+  using Resizer = std::function<absl::StatusOr<std::pair<uint64_t, uint64_t>>(
+      const GpuNode& holder, const GpuProcletView& proclet, uint64_t bytes,
+      absl::Duration wait)>;
+  explicit GpuDirectory(NodeSource nodes, Resizer resize = {})
+      : nodes_(std::move(nodes)), resize_(std::move(resize)) {}
 
   // Where the proclet is; placed now when it is nowhere (or its node is
-  // gone). Unavailable when no node is connected.
-  // Its memory_limit is the allocation it got.
+  // gone). Unavailable when no node is connected. Its memory_limit is the
+  // allocation it got. Where no GPU has its minimum free, proclets placed
+  // before that declared a minimum are downgraded toward it (resized, never
+  // below what they hold) to make room on one, rather than this one going
+  // to CPU cores.
   absl::StatusOr<GpuProcletView> Open(const std::string& ns,
                                       const std::string& function,
                                       const std::string& name,
@@ -117,6 +127,7 @@ class GpuDirectory {
  private:
   struct Entry {
     GpuProcletView view;
+    GpuMemoryNeeds needs;  // as placed here (unknown after a restart: none)
     bool moving = false;
     // Its node has reported it: once it is missing from a report, it is
     // gone (its function left the node). Until then it was only placed.
@@ -126,11 +137,32 @@ class GpuDirectory {
   static std::string KeyOf(const std::string& ns, const std::string& function,
                            const std::string& name);
   std::string NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What each node's GPU has promised its proclets.
+  std::map<std::string, uint64_t> PromisedLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Placement {
+    const GpuNode* node = nullptr;  // null: no node at all
+    uint64_t allocation = 0;
+    bool on_gpu = false;  // else on the node's CPU cores
+  };
+  Placement PlaceLocked(const std::vector<GpuNode>& nodes,
+                        const GpuMemoryNeeds& needs,
+                        const std::string& asking_node) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The resizes (id, new allocation) that would make room for `needs` on one
+  // GPU; empty when none would.
+  std::vector<std::pair<std::string, uint64_t>> RoomPlanLocked(
+      const std::vector<GpuNode>& nodes, const GpuMemoryNeeds& needs) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::StatusOr<std::pair<uint64_t, uint64_t>> ResizeOnNode(
+      const GpuNode& holder, const GpuProcletView& view, uint64_t bytes,
+      absl::Duration wait);
   // Proclet `id`, not moving: NotFound, or FailedPrecondition (moving).
   absl::StatusOr<Entry*> StillByIdLocked(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const NodeSource nodes_;
+  const Resizer resize_;
   absl::Mutex mu_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);  // by key
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -60,6 +60,54 @@ TEST(GpuDirectoryTest, PlacesPreferredThenDowngradesThenFallsBackToTheCpu) {
   EXPECT_EQ(again->node, "a");
 }
 
+// No GPU has a new proclet's minimum free: proclets already placed that
+// declared a minimum give up allocation they do not use (down to that
+// minimum, never below what they hold) rather than the new one going to CPU
+// cores. The resizes go through the directory's seam to the nodes.
+TEST(GpuDirectoryTest, MakesRoomByDowngradingProcletsTowardTheirMinimum) {
+  std::vector<std::pair<std::string, uint64_t>> resized;
+  uint64_t held_by_one = 100 * kMi;
+  GpuDirectory d(Nodes, [&](const GpuNode& holder, const GpuProcletView& p,
+                            uint64_t bytes, absl::Duration) {
+    resized.push_back({p.name, bytes});
+    return std::pair<uint64_t, uint64_t>{bytes,
+                                         p.name == "one" ? held_by_one : 0};
+  });
+  const GpuMemoryNeeds needs{.min = 128 * kMi, .preferred = 768 * kMi};
+  ASSERT_EQ(d.Open("ns", "f", "one", needs, "cpu")->node, "a");  // 768 of 1024
+  ASSERT_EQ(d.Open("ns", "f", "two", needs, "cpu")->node, "b");  // 512 of 512
+  // 256 MiB free on a, none on b; this one needs 384: "one" gives 128 up.
+  GpuMemoryNeeds bigger = needs;
+  bigger.min = 384 * kMi;
+  auto three = d.Open("ns", "g", "three", bigger, "cpu");
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->node, "a");
+  EXPECT_EQ(three->backend, "cuda");
+  EXPECT_EQ(three->memory_limit, 384 * kMi);
+  ASSERT_EQ(resized.size(), 1u);
+  EXPECT_EQ(resized[0], (std::pair<std::string, uint64_t>{"one", 640 * kMi}));
+  // Nothing left to give on any GPU (a: "one" holds 600 of its 640 and
+  // "three" sits at its minimum; b: "two" could give 384, not 512): CPU.
+  held_by_one = 600 * kMi;
+  d.Report("a", {{.ns = "ns",
+                  .function = "f",
+                  .name = "one",
+                  .backend = "cuda",
+                  .memory_used = 600 * kMi,
+                  .memory_limit = 640 * kMi},
+                 {.ns = "ns",
+                  .function = "g",
+                  .name = "three",
+                  .backend = "cuda",
+                  .memory_limit = 384 * kMi}});
+  GpuMemoryNeeds huge = needs;
+  huge.min = 512 * kMi;
+  auto four = d.Open("ns", "h", "four", huge, "cpu");
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_EQ(four->backend, "host");
+  EXPECT_EQ(resized.size(), 1u);
+}
+
 TEST(GpuDirectoryTest, LabelsAreQuantitiesInOrder) {
   auto ok = ParseGpuMemoryLabels({{"com.silt.gpu.min-memory", "64Mi"},
                                   {"com.silt.gpu.preferred-memory", "1Gi"},
