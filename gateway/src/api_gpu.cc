@@ -116,6 +116,20 @@ absl::StatusOr<HttpResponse> Api::ResizeGpuProclet(const HttpRequest& req,
     return absl::InvalidArgumentError(
         absl::StrCat(bytes, " bytes is above function ", view.function,
                      "'s com.silt.gpu.max-memory (", needs.max, " bytes)"));
+  // On a GPU: within what it has besides its other proclets' allocations.
+  if (view.backend == "cuda")
+    for (const auto& n : d->Nodes()) {
+      if (n.name != view.node || n.gpu_memory == 0) continue;
+      uint64_t others = 0;
+      for (const auto& g : d->List(""))
+        if (g.node == n.name && g.backend == "cuda" && g.id != view.id)
+          others += std::max(g.memory_limit, g.memory_used);
+      const uint64_t room = n.gpu_memory > others ? n.gpu_memory - others : 0;
+      if (bytes > room)
+        return absl::FailedPreconditionError(absl::StrCat(
+            "node ", n.name, "'s GPU has ", room, " bytes for GPU proclet ", id,
+            " besides its other proclets' allocations, not ", bytes));
+    }
   auto resized = d->Resize(std::string(id), bytes, absl::Seconds(5));
   if (!resized.ok()) return resized.status();
   return HttpResponse::Json(200, JsonText(GpuProcletJson(*resized)));

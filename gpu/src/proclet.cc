@@ -114,7 +114,8 @@ std::string Proclet::Serve(std::string_view request) {
     case GpuOp::kSetLimit: {
       uint64_t limit;
       if (!r.U64(&limit) || limit == 0) return Reply(Malformed("SetLimit"));
-      return Reply(StateCode::kOk, SetLimit(limit));
+      auto info = SetLimit(limit);
+      return info.ok() ? Reply(StateCode::kOk, *info) : Reply(info.status());
     }
     case GpuOp::kAlloc: {
       std::string_view name;
@@ -129,9 +130,10 @@ std::string Proclet::Serve(std::string_view request) {
       auto it = buffers_.find(name);
       const bool existed = it != buffers_.end();
       if (existed) {
-        if (auto s = backend_->Synchronize(); !s.ok()) return Reply(s);
+        if (auto s = Sync(); !s.ok()) return Reply(s);
         backend_->Free(it->second.ptr, it->second.bytes);
         used_ -= it->second.bytes;
+        if (moving_) dropped_.insert(it->first);  // the target drops it too
         buffers_.erase(it);
         ApplyPendingLimit();
       }
@@ -193,8 +195,7 @@ std::string Proclet::Serve(std::string_view request) {
       return out.ok() ? Reply(StateCode::kOk, *out) : Reply(out.status());
     }
     case GpuOp::kSynchronize: {
-      if (auto s = backend_->Synchronize(); !s.ok()) return Reply(s);
-      Settled();
+      if (auto s = Sync(); !s.ok()) return Reply(s);
       std::string out;
       wire::Writer(&out).U64(launches_);
       return Reply(StateCode::kOk, out);
@@ -229,6 +230,12 @@ std::string Proclet::Serve(std::string_view request) {
                absl::StrCat("unknown GPU operation ", op_byte));
 }
 
+absl::Status Proclet::Sync() {
+  absl::Status s = backend_->Synchronize();
+  if (s.ok()) Settled();
+  return s;
+}
+
 void Proclet::Settled() {
   if (in_flight_since_ns_ == 0) return;
   busy_ns_ += NowNs() - in_flight_since_ns_;
@@ -249,7 +256,11 @@ std::string Proclet::Info() {
   return out;
 }
 
-std::string Proclet::SetLimit(uint64_t limit) {
+absl::StatusOr<std::string> Proclet::SetLimit(uint64_t limit) {
+  if (limit > backend_->device_memory())
+    return absl::InvalidArgumentError(
+        absl::StrCat(limit, " bytes is more than the device has (",
+                     backend_->device_memory(), ")"));
   ++generation_;
   pending_limit_ = limit;
   if (used_ <= limit) ApplyPendingLimit();
@@ -290,6 +301,8 @@ absl::StatusOr<std::string> Proclet::Alloc(std::string_view name,
         "GPU set it)"));
   auto ptr = backend_->Alloc(bytes);
   if (!ptr.ok()) return ptr.status();
+  // Re-made under a dropped name: its 'B' records replace the old copy.
+  if (auto d = dropped_.find(name); d != dropped_.end()) dropped_.erase(d);
   buffers_.emplace(std::string(name), Buffer{*ptr, bytes});
   used_ += bytes;
   wire::Writer(&out).U64(bytes);
@@ -402,6 +415,17 @@ void Proclet::MarkAllWritten() {
   for (auto& [name, m] : modules_) m.sent = false;
   precopy_buffer_.clear();
   precopy_offset_ = 0;
+  dropped_.clear();
+  moving_ = false;
+}
+
+void Proclet::AppendDropped(std::string* out) {
+  wire::Writer w(out);
+  for (const std::string& name : dropped_) {
+    w.U8('D');
+    w.Str(name);
+  }
+  dropped_.clear();
 }
 
 absl::Status Proclet::AppendBuffer(std::string* out, const std::string& name,
@@ -431,18 +455,30 @@ void Proclet::AppendModule(std::string* out, const std::string& name,
 
 // The reply: kOk, then the GpuState.
 absl::StatusOr<std::string> Proclet::Extract(bool delta) {
-  if (auto s = backend_->Synchronize(); !s.ok()) return s;
-  size_t size = 64;  // one allocation: growing would copy what is in
+  if (auto s = Sync(); !s.ok()) return s;
+  size_t size = 64 + precopy_buffer_.size();  // one allocation: growing
+                                              // would copy what is in
+  if (auto it = buffers_.find(precopy_buffer_);
+      precopy_offset_ > 0 && it != buffers_.end())
+    size += it->second.bytes;
   for (const auto& [name, b] : buffers_)
     if (!delta || b.written) size += 48 + name.size() + b.bytes;
   for (const auto& [name, m] : modules_)
     if (!delta || !m.sent)
       size +=
           16 + name.size() + m.image.ptx.size() + m.image.host_library.size();
+  // A pass that stopped inside a buffer: the rest of it goes now.
+  if (auto it = buffers_.find(precopy_buffer_);
+      precopy_offset_ > 0 && it != buffers_.end())
+    it->second.written = true;
+  precopy_buffer_.clear();
+  precopy_offset_ = 0;
   std::string out(1, static_cast<char>(StateCode::kOk));
   out.reserve(size);
   wire::Writer w(&out);
   w.U32(wire::kGpuStateMagic);
+  AppendDropped(&out);
+  moving_ = false;
   for (auto& [name, m] : modules_)
     if (!delta || !m.sent) AppendModule(&out, name, m);
   for (auto& [name, b] : buffers_)
@@ -460,12 +496,16 @@ absl::StatusOr<std::string> Proclet::Extract(bool delta) {
 
 // The reply: kOk, u8 pass_done, then the GpuState part.
 absl::StatusOr<std::string> Proclet::Precopy(bool restart, uint64_t max_bytes) {
-  if (auto s = backend_->Synchronize(); !s.ok()) return s;
-  if (restart) MarkAllWritten();
+  if (auto s = Sync(); !s.ok()) return s;
+  if (restart) {
+    MarkAllWritten();
+    moving_ = true;
+  }
   std::string out(2, '\0');
   out[0] = static_cast<char>(StateCode::kOk);
   out.reserve(2 + 64 + std::min<uint64_t>(max_bytes, 64u << 20));
   wire::Writer(&out).U32(wire::kGpuStateMagic);
+  AppendDropped(&out);
   for (auto& [name, m] : modules_)
     if (!m.sent) AppendModule(&out, name, m);
   // Where the pass stopped: inside a buffer not written since, go on from
@@ -525,7 +565,7 @@ absl::Status Proclet::Inject(std::string_view state) {
         return Malformed("GPU proclet state (a buffer)");
       auto it = buffers_.find(name);
       if (it != buffers_.end() && it->second.bytes != bytes) {
-        if (auto s = backend_->Synchronize(); !s.ok()) return s;
+        if (auto s = Sync(); !s.ok()) return s;
         backend_->Free(it->second.ptr, it->second.bytes);
         used_ -= it->second.bytes;
         buffers_.erase(it);
@@ -541,6 +581,15 @@ absl::Status Proclet::Inject(std::string_view state) {
             !s.ok())
           return s;
       r = wire::Reader(r.rest().substr(n));
+    } else if (tag == 'D') {
+      std::string_view name;
+      if (!r.Str(&name)) return Malformed("GPU proclet state (a drop)");
+      if (auto it = buffers_.find(name); it != buffers_.end()) {
+        if (auto s = Sync(); !s.ok()) return s;
+        backend_->Free(it->second.ptr, it->second.bytes);
+        used_ -= it->second.bytes;
+        buffers_.erase(it);
+      }
     } else if (tag == 'M') {
       std::string_view name, ptx, host;
       if (!r.Str(&name) || !r.Str(&ptx) || !r.Str(&host))
@@ -560,7 +609,7 @@ absl::Status Proclet::Inject(std::string_view state) {
         if (!r.Str(&name)) return Malformed("GPU proclet state (its end)");
         keep.insert(name);
       }
-      if (auto s = backend_->Synchronize(); !s.ok()) return s;
+      if (auto s = Sync(); !s.ok()) return s;
       for (auto it = buffers_.begin(); it != buffers_.end();) {
         if (keep.count(it->first)) {
           ++it;

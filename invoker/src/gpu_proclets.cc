@@ -553,6 +553,10 @@ std::string GpuProclets::AdoptPeer(wire::Reader& r, PeerStream& stream) {
   {
     const std::string key = ProcletKey(ns, function, name);
     absl::MutexLock lock(&mu_);
+    if (auto it = proclets_.find(key);
+        it != proclets_.end() && !it->second->lost)
+      return Reply(StateCode::kUnavailable,
+                   "this node holds that GPU proclet already");
     proclets_[key] = *p;
     moved_.erase(key);
     where_[key] = options_.data_address();
@@ -705,14 +709,21 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
   MoveTarget to;
   if (auto s = BeginMove(*p, target, backend, &to); !s.ok()) return s;
 
+  // Parts a pass may take: its allocation's worth and one per buffer, with
+  // room to spare; a proclet that keeps answering "not done" is stuck.
+  const uint64_t max_parts =
+      from.memory_limit / kPrecopyPartBytes + (uint64_t{1} << 16);
   // Pre-copy: the buffers go a part at a time while calls go on between the
   // parts; then again what was written meanwhile, while that shrinks.
   const auto precopy_start = Clock::now();
   bool restart = true;
   uint64_t last_pass = ~uint64_t{0};
   for (int pass = 0; pass < kPrecopyPasses; ++pass) {
-    uint64_t pass_bytes = 0;
+    uint64_t pass_bytes = 0, parts = 0;
     for (bool done = false; !done;) {
+      if (++parts > max_parts)
+        return absl::InternalError(
+            "the GPU proclet's pre-copy does not end (its process is stuck?)");
       std::string part = p->Exchange(PrecopyRequest(restart));
       restart = false;
       if (CodeOf(part) != StateCode::kOk || part.size() < 2)
@@ -747,7 +758,11 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
     };
     // What was written since goes in parts too, so that taking one off the
     // device, sending one and putting one on overlap.
+    uint64_t parts = 0;
     for (bool done = false; !done;) {
+      if (++parts > max_parts)
+        return resume(absl::InternalError(
+            "the GPU proclet's pre-copy does not end (its process is stuck?)"));
       std::string part = p->ExchangeLocked(PrecopyRequest(false));
       if (CodeOf(part) != StateCode::kOk || part.size() < 2)
         return resume(absl::FailedPreconditionError(
@@ -826,7 +841,11 @@ absl::StatusOr<GpuProcletInfo> GpuProclets::Resize(const std::string& ns,
   auto cgroup_limit = [&](uint64_t bytes) {
     absl::MutexLock lock(&p->mu);
     if (p->proc != nullptr)
-      p->proc->cgroup().SetMemoryLimit(bytes + kProcessOverhead).IgnoreError();
+      p->proc->cgroup()
+          .SetMemoryLimit(bytes > ~uint64_t{0} - kProcessOverhead
+                              ? 0  // no limit
+                              : bytes + kProcessOverhead)
+          .IgnoreError();
   };
   cgroup_limit(std::max(before.memory_limit, limit));
   auto now = set_limit(limit);

@@ -387,6 +387,58 @@ TEST_P(GpuProcletTest, PrecopyPartsEndingOnABufferBoundaryLoseNothing) {
   }
 }
 
+// A buffer freed after its copy went is dropped at the target before what
+// replaced it arrives: the target never holds both (its limit is the
+// source's).
+TEST_P(GpuProcletTest, BuffersFreedDuringAMoveAreDroppedAtTheTarget) {
+  auto b = Make();
+  Proclet small(std::move(b), Options(6 << 20));
+  host_.proclet = &small;
+  Gpu gpu = Sdk();
+  ASSERT_TRUE(gpu.Alloc("a", 4 << 20).ok());
+  Proclet to(MakeHostBackend(1), Options(6 << 20));
+  auto pass = [&](bool restart) {
+    bool done = false;
+    for (bool first = true; !done; first = false) {
+      std::string req(1, char(wire::GpuOp::kPrecopy));
+      wire::Writer w(&req);
+      w.U8(restart && first ? 1 : 0);
+      w.U64(1 << 20);
+      std::string part = small.Serve(req);
+      ASSERT_EQ(part[0], 0);
+      done = part[1] != 0;
+      std::string inject(1, char(wire::GpuOp::kInject));
+      inject.append(part, 2);
+      std::string r = to.Serve(inject);
+      ASSERT_EQ(r[0], 0) << r.substr(1);
+    }
+  };
+  pass(true);
+  ASSERT_TRUE(gpu.Free("a").ok());
+  auto bb = gpu.Alloc("b", 4 << 20);
+  ASSERT_TRUE(bb.ok());
+  ASSERT_TRUE(gpu.Write(*bb, 0, std::string(4 << 20, 'b')).ok());
+  pass(false);
+  std::string delta =
+      small.Serve(std::string{char(wire::GpuOp::kExtract), char{1}});
+  ASSERT_EQ(delta[0], 0);
+  std::string inject(1, char(wire::GpuOp::kInject));
+  inject.append(delta, 1);
+  ASSERT_EQ(to.Serve(inject)[0], 0);
+  Host h{&to};
+  Gpu moved(&h.api, "default");
+  EXPECT_EQ(moved.Read(GpuBuffer{"a", 4 << 20}, 0, 1).code(),
+            StateCode::kNotFound);
+  auto got = moved.Read(*bb, 0, 4 << 20);
+  ASSERT_TRUE(got.ok()) << got.message();
+  EXPECT_TRUE(*got == std::string(4 << 20, 'b'));
+  // A limit past the device's memory is refused, not taken.
+  std::string req(1, char(wire::GpuOp::kSetLimit));
+  wire::Writer(&req).U64(~uint64_t{0});
+  EXPECT_EQ(to.Serve(req)[0], char(StateCode::kInvalid));
+  host_.proclet = proclet_.get();
+}
+
 // The reconfiguration API: an instance's callback runs once with the
 // proclet as it is, then on its first call after each change; asked to
 // shrink below what it holds (pending_limit), it frees, the allocation

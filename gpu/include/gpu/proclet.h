@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -57,13 +58,17 @@ class Proclet {
   };
 
   std::string Info();
-  std::string SetLimit(uint64_t limit);
+  absl::StatusOr<std::string> SetLimit(uint64_t limit);
   // Applies a pending limit once what it holds fits.
   void ApplyPendingLimit();
   // At a point where every launch so far has completed: the time they kept
   // the device busy is counted (launches on a GPU are asynchronous: from the
   // first launch after the device was idle until then).
   void Settled();
+  // backend_->Synchronize(), then Settled().
+  absl::Status Sync();
+  // Appends a 'D' record for each buffer freed since the move began.
+  void AppendDropped(std::string* out);
   absl::StatusOr<std::string> Alloc(std::string_view name, uint64_t bytes);
   absl::Status Load(std::string_view name);
   absl::Status LoadImage(std::string_view name, ModuleImage image);
@@ -94,6 +99,10 @@ class Proclet {
   // the pass is done; the next kPrecopy begins another).
   std::string precopy_buffer_;
   uint64_t precopy_offset_ = 0;
+  // A move's pre-copy began (until kExtract or kResume): buffers freed
+  // since go to the target as 'D' records (it holds their copies).
+  bool moving_ = false;
+  std::set<std::string, std::less<>> dropped_;
 };
 
 }  // namespace silt::gpu

@@ -338,9 +338,11 @@ class Gpu {
         it->second.seen = now.generation;
         callback = it->second.callback;
       }
-      InCallback() = true;
+      struct InCallbackScope {
+        InCallbackScope() { InCallback() = true; }
+        ~InCallbackScope() { InCallback() = false; }
+      } scope;
       callback(*this, now);
-      InCallback() = false;
     }
   }
   // A callback's own calls run as they are (no nested callbacks).

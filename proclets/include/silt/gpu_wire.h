@@ -80,6 +80,7 @@ enum class GpuOp : uint8_t {
 //   'B' str buffer, u64 bytes (its size), u64 offset, u64 n, n raw bytes
 //       (part of its contents; created, or re-created at that size)
 //   'M' str module, str ptx, str host_library (loaded unless it is)
+//   'D' str buffer (freed at the source since the move began: it goes)
 //   'E' u64 launches, u64 generation, u32 n, n x str buffer (every buffer it
 //       holds: others go), closing a whole state or a kExtract delta; the
 //       target's generation is the next one.
@@ -101,7 +102,7 @@ inline constexpr uint64_t kGpuChunkBytes = 16u << 20;
 inline bool IsInvokerOnly(GpuOp op) {
   return op == GpuOp::kExtract || op == GpuOp::kInject ||
          op == GpuOp::kResume || op == GpuOp::kPrecopy ||
-         op == GpuOp::kSetLimit;
+         op == GpuOp::kSetLimit || op == GpuOp::kLoadImage;
 }
 
 // Kernel names: C identifiers (PTX entry names), 1-255 characters.
