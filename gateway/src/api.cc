@@ -522,8 +522,7 @@ absl::StatusOr<HttpResponse> Api::DeployFunction(const HttpRequest& req,
         "label com.silt.concurrency=", **concurrency, " must be from 1 to ",
         SILT_MAX_CONCURRENCY, " (calls an instance takes at once)"));
   if (d->labels)
-    if (auto gpu = ParseGpuMemoryLabels(*d->labels); !gpu.ok())
-      return gpu.status();
+    if (auto gpu = ParseGpuLabels(*d->labels); !gpu.ok()) return gpu.status();
   for (const auto& secret : d->secrets) {
     auto s = store_->FindSecret(*ns, secret);
     if (absl::IsNotFound(s))

@@ -102,9 +102,9 @@ absl::StatusOr<HttpResponse> Api::ResizeGpuProclet(const HttpRequest& req,
   if (!rec.ok()) return rec.status();
   auto deployment = LoadDeployment(*rec);
   if (!deployment.ok()) return deployment.status();
-  GpuMemoryNeeds needs;
+  GpuNeeds needs;
   if (deployment->labels) {
-    auto parsed = ParseGpuMemoryLabels(*deployment->labels);
+    auto parsed = ParseGpuLabels(*deployment->labels);
     if (!parsed.ok()) return parsed.status();
     needs = *parsed;
   }

@@ -56,9 +56,9 @@ std::string GpuDirectory::NewIdLocked() {
   return absl::StrCat("g", next_id_++);
 }
 
-absl::StatusOr<GpuMemoryNeeds> ParseGpuMemoryLabels(
+absl::StatusOr<GpuNeeds> ParseGpuLabels(
     const std::map<std::string, std::string>& labels) {
-  GpuMemoryNeeds n;
+  GpuNeeds n;
   for (auto [label, out] :
        {std::pair<const char*, uint64_t*>{"com.silt.gpu.min-memory", &n.min},
         {"com.silt.gpu.preferred-memory", &n.preferred},
@@ -72,6 +72,21 @@ absl::StatusOr<GpuMemoryNeeds> ParseGpuMemoryLabels(
           " is not a memory quantity (e.g. 512Mi, 2Gi): device memory for "
           "each of the function's GPU proclets"));
     *out = *m;
+  }
+  if (auto it = labels.find("com.silt.gpu.compute-capability");
+      it != labels.end()) {
+    // "8.0", "7.5", "12.0": major.minor, as the driver reports it.
+    const std::string& v = it->second;
+    const size_t dot = v.find('.');
+    uint32_t major = 0, minor = 0;
+    if (dot == std::string::npos || dot == 0 || dot + 2 != v.size() ||
+        !absl::SimpleAtoi(v.substr(0, dot), &major) || major == 0 ||
+        major > 99 || !absl::SimpleAtoi(v.substr(dot + 1), &minor))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label com.silt.gpu.compute-capability=", v,
+          " is not a compute capability such as 7.5 or 8.0 (the least a GPU "
+          "the function's proclets run on has)"));
+    n.compute = major * 10 + minor;
   }
   if (n.max > 0 && n.preferred > n.max)
     return absl::InvalidArgumentError(
@@ -94,7 +109,7 @@ std::map<std::string, uint64_t> GpuDirectory::PromisedLocked() const {
 }
 
 GpuDirectory::Placement GpuDirectory::PlaceLocked(
-    const std::vector<GpuNode>& nodes, const GpuMemoryNeeds& needs,
+    const std::vector<GpuNode>& nodes, const GpuNeeds& needs,
     const std::string& asking_node) const {
   std::map<std::string, uint64_t> promised = PromisedLocked();
   // The GPU with the most free: the preferred allocation there, or
@@ -102,7 +117,8 @@ GpuDirectory::Placement GpuDirectory::PlaceLocked(
   Placement p;
   uint64_t best_free = 0;
   for (const auto& n : nodes) {
-    if (n.leaving || n.gpus == 0 || n.gpu_memory < promised[n.name]) continue;
+    if (n.leaving || !needs.Fits(n) || n.gpu_memory < promised[n.name])
+      continue;
     uint64_t free = n.gpu_memory - promised[n.name];
     if (p.node == nullptr || free > best_free) {
       p.node = &n;
@@ -127,7 +143,7 @@ GpuDirectory::Placement GpuDirectory::PlaceLocked(
 }
 
 std::vector<std::pair<std::string, uint64_t>> GpuDirectory::RoomPlanLocked(
-    const std::vector<GpuNode>& nodes, const GpuMemoryNeeds& needs) const {
+    const std::vector<GpuNode>& nodes, const GpuNeeds& needs) const {
   const uint64_t needed = needs.min > 0 ? needs.min : needs.wanted();
   if (needed == 0) return {};  // it wants the whole device
   std::map<std::string, uint64_t> promised = PromisedLocked();
@@ -138,7 +154,7 @@ std::vector<std::pair<std::string, uint64_t>> GpuDirectory::RoomPlanLocked(
   std::vector<Spare> best_spares;
   uint64_t best_free = 0, best_total = 0;
   for (const auto& n : nodes) {
-    if (n.leaving || n.gpus == 0) continue;
+    if (n.leaving || !needs.Fits(n)) continue;
     const uint64_t free =
         n.gpu_memory > promised[n.name] ? n.gpu_memory - promised[n.name] : 0;
     std::vector<Spare> spares;
@@ -176,7 +192,7 @@ std::vector<std::pair<std::string, uint64_t>> GpuDirectory::RoomPlanLocked(
 
 absl::StatusOr<GpuProcletView> GpuDirectory::Open(
     const std::string& ns, const std::string& function, const std::string& name,
-    const GpuMemoryNeeds& needs, const std::string& asking_node) {
+    const GpuNeeds& needs, const std::string& asking_node) {
   const std::vector<GpuNode> nodes = nodes_();  // before mu_: it locks too
   const std::string key = KeyOf(ns, function, name);
   for (bool made_room = false;; made_room = true) {
@@ -302,6 +318,14 @@ absl::StatusOr<GpuMove> GpuDirectory::Migrate(const std::string& id,
     if (e->view.node == node && e->view.backend == to_backend)
       return absl::InvalidArgumentError(absl::StrCat(
           "GPU proclet ", id, " is on ", node, " (", to_backend, ") already"));
+    if (to_backend == "cuda" && !e->needs.Fits(*target))
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", node, "'s GPU has compute capability ",
+          target->gpu_compute / 10, ".", target->gpu_compute % 10,
+          "; function ", e->view.function, " needs ", e->needs.compute / 10,
+          ".", e->needs.compute % 10,
+          " (com.silt.gpu.compute-capability): move it to another GPU, or "
+          "with backend host"));
     e->moving = true;
     from = e->view;
   }
@@ -474,7 +498,7 @@ absl::StatusOr<std::vector<GpuMove>> GpuDirectory::Reclaim(
         const uint64_t need = std::max(e.view.memory_limit, e.view.memory_used);
         uint64_t best_free = 0;
         for (const auto& n : nodes) {
-          if (n.name == node || n.leaving || n.gpus == 0 ||
+          if (n.name == node || n.leaving || !e.needs.Fits(n) ||
               n.gpu_memory < promised[n.name] + need)
             continue;
           uint64_t free = n.gpu_memory - promised[n.name];

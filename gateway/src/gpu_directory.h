@@ -39,19 +39,25 @@ struct GpuNode {
   std::string gpu_model;
   std::shared_ptr<grpc::Channel> channel;  // its ProcletHost service
   bool leaving = false;
+  uint32_t gpu_compute = 0;  // compute capability: 75 for 7.5 (0: unknown)
 };
 
-// A function's GPU memory labels (bytes; 0: unset): com.silt.gpu.min-memory
+// A function's GPU labels (0: unset): memory in bytes, com.silt.gpu.min-memory
 // (the least its proclets can be downgraded to), .preferred-memory (what
 // placement reserves; default max) and .max-memory (the most an allocation
-// may be; default the device's).
-struct GpuMemoryNeeds {
+// may be; default the device's); com.silt.gpu.compute-capability ("8.0": the
+// least a GPU it runs on has, as 80; other GPUs are not used for it).
+struct GpuNeeds {
   uint64_t min = 0, preferred = 0, max = 0;
+  uint32_t compute = 0;
   uint64_t wanted() const { return preferred > 0 ? preferred : max; }
+  bool Fits(const GpuNode& n) const {
+    return n.gpus > 0 && (compute == 0 || n.gpu_compute >= compute);
+  }
 };
 // InvalidArgument, saying which label and why, for a bad quantity or
-// min > preferred > max.
-absl::StatusOr<GpuMemoryNeeds> ParseGpuMemoryLabels(
+// capability, or min > preferred > max.
+absl::StatusOr<GpuNeeds> ParseGpuLabels(
     const std::map<std::string, std::string>& labels);
 
 struct GpuProcletView {
@@ -93,7 +99,7 @@ class GpuDirectory {
   absl::StatusOr<GpuProcletView> Open(const std::string& ns,
                                       const std::string& function,
                                       const std::string& name,
-                                      const GpuMemoryNeeds& needs,
+                                      const GpuNeeds& needs,
                                       const std::string& asking_node);
   // What `node` holds now (its load report).
   void Report(const std::string& node, std::vector<GpuProcletView> held);
@@ -127,7 +133,7 @@ class GpuDirectory {
  private:
   struct Entry {
     GpuProcletView view;
-    GpuMemoryNeeds needs;  // as placed here (unknown after a restart: none)
+    GpuNeeds needs;  // as placed here (unknown after a restart: none)
     bool moving = false;
     // Its node has reported it: once it is missing from a report, it is
     // gone (its function left the node). Until then it was only placed.
@@ -146,13 +152,13 @@ class GpuDirectory {
     bool on_gpu = false;  // else on the node's CPU cores
   };
   Placement PlaceLocked(const std::vector<GpuNode>& nodes,
-                        const GpuMemoryNeeds& needs,
+                        const GpuNeeds& needs,
                         const std::string& asking_node) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The resizes (id, new allocation) that would make room for `needs` on one
   // GPU; empty when none would.
   std::vector<std::pair<std::string, uint64_t>> RoomPlanLocked(
-      const std::vector<GpuNode>& nodes, const GpuMemoryNeeds& needs) const
+      const std::vector<GpuNode>& nodes, const GpuNeeds& needs) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static absl::StatusOr<std::pair<uint64_t, uint64_t>> ResizeOnNode(
       const GpuNode& holder, const GpuProcletView& view, uint64_t bytes,

@@ -39,10 +39,11 @@ auto NodeRegistry::Impl::BuildFn(const store::FunctionRecord& rec)
       fn->pinned = true;
       fn->only_nodes.push_back(it->second);
     }
-    if (auto gpu = ParseGpuMemoryLabels(*d->labels); gpu.ok()) {
+    if (auto gpu = ParseGpuLabels(*d->labels); gpu.ok()) {
       s.set_gpu_memory_limit_bytes(gpu->max);
       s.set_gpu_min_memory_bytes(gpu->min);
       s.set_gpu_preferred_memory_bytes(gpu->preferred);
+      s.set_gpu_compute_capability(gpu->compute);
     }
     if (auto it = d->labels->find("com.silt.rebalance");
         it != d->labels->end() && it->second == "false")
@@ -181,6 +182,7 @@ grpc::Status NodeRegistry::Impl::Connect(
   node->gpus = reg.capacity().gpus();
   node->gpu_memory = reg.capacity().gpu_memory_bytes();
   node->gpu_model = reg.capacity().gpu_model();
+  node->gpu_compute = reg.capacity().gpu_compute_capability();
   node->memory = reg.capacity().memory_bytes();
   node->data_address = reg.data_address();
   node->ctx = ctx;
@@ -475,7 +477,8 @@ std::vector<GpuNode> NodeRegistry::Impl::GpuNodes() {
   for (auto& [n, node] : nodes) {
     if (node->data_address.empty()) continue;
     out.push_back({node->name, node->data_address, node->gpus, node->gpu_memory,
-                   node->gpu_model, node->channel, node->leaving});
+                   node->gpu_model, node->channel, node->leaving,
+                   node->gpu_compute});
   }
   return out;
 }
@@ -488,9 +491,10 @@ grpc::Status NodeRegistry::Impl::OpenGpuProclet(
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "a GPU proclet needs a namespace, a function and a "
                         "name of 1-63 characters of [a-z0-9._-]");
-  GpuMemoryNeeds needs;
+  GpuNeeds needs;
   needs.min = req->min_memory();
   needs.preferred = req->preferred_memory();
+  needs.compute = req->compute_capability();
   needs.max = req->memory_limit();
   auto v = gpu_directory->Open(req->namespace_(), req->function(), req->name(),
                                needs, req->node());

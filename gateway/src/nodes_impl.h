@@ -117,6 +117,7 @@ struct NodeRegistry::Impl final : public control::Control::Service {
     uint32_t cores = 0, gpus = 0;
     uint64_t gpu_memory = 0;  // the first GPU's
     std::string gpu_model;
+    uint32_t gpu_compute = 0;
     uint64_t memory = 0, memory_used = 0;
     std::string data_address;
     uint64_t shard_bytes = 0;

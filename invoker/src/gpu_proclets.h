@@ -50,6 +50,7 @@ struct GpuProcletsOptions {
   struct FunctionInfo {
     std::string bundle_dir;
     uint64_t memory_limit = 0, min_memory = 0, preferred_memory = 0;
+    uint32_t compute_capability = 0;  // the least its GPU has (75: 7.5)
   };
   std::function<absl::StatusOr<FunctionInfo>(const std::string& ns,
                                              const std::string& function)>

@@ -200,6 +200,7 @@ GpuProcletsOptions Invoker::Impl::GpuProcletsHere() {
     req.set_memory_limit(needs.memory_limit);
     req.set_min_memory(needs.min_memory);
     req.set_preferred_memory(needs.preferred_memory);
+    req.set_compute_capability(needs.compute_capability);
     req.set_node(p->node_name);
     control::GpuProcletLocation loc;
     grpc::ClientContext ctx;
@@ -224,6 +225,7 @@ GpuProcletsOptions Invoker::Impl::GpuProcletsHere() {
       info.memory_limit = pool->spec.gpu_memory_limit_bytes();
       info.min_memory = pool->spec.gpu_min_memory_bytes();
       info.preferred_memory = pool->spec.gpu_preferred_memory_bytes();
+      info.compute_capability = pool->spec.gpu_compute_capability();
       return info;
     }
     return absl::NotFoundError(absl::StrCat(
@@ -506,6 +508,8 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
       impl->gpus = static_cast<uint32_t>(devices->size());
       impl->gpu_model = (*devices)[0].name;
       impl->gpu_memory = (*devices)[0].total_memory_bytes;
+      impl->gpu_compute = static_cast<uint32_t>(
+          (*devices)[0].compute_major * 10 + (*devices)[0].compute_minor);
     }
 
   grpc::ChannelArguments args;

@@ -270,6 +270,7 @@ void Invoker::Impl::ConnectLoop() {
     reg->mutable_capacity()->set_gpus(gpus);
     reg->mutable_capacity()->set_gpu_memory_bytes(gpu_memory);
     reg->mutable_capacity()->set_gpu_model(gpu_model);
+    reg->mutable_capacity()->set_gpu_compute_capability(gpu_compute);
     reg->mutable_capacity()->set_memory_bytes(MemoryCapacity());
     if (stream->Write(hello)) {
       backoff_ms = 100;

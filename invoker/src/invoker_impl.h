@@ -272,6 +272,7 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // placement of GPU proclets; the first one's model and memory.
   uint32_t gpus = 0;
   std::string gpu_model;
+  uint32_t gpu_compute = 0;  // its compute capability, 75 for 7.5
   uint64_t gpu_memory = 0;
   std::string address;
   std::unique_ptr<grpc::Server> server;

@@ -345,6 +345,7 @@ int HttpStatus(StateCode c) {
     case StateCode::kLost:
     case StateCode::kMoved:
     case StateCode::kRetry:
+    case StateCode::kReconfigured:
       return 503;
     case StateCode::kInternal:
       return 500;

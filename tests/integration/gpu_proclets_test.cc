@@ -110,15 +110,22 @@ TEST_F(GpuProcletsTest, TheExampleRunsItsKernelsAndKeepsDeviceState) {
 }
 
 TEST_F(GpuProcletsTest, ABadGpuLabelIsRefusedAtDeploy) {
-  std::ofstream(work_ + "/stack.yml", std::ios::trunc)
-      << "version: 1.0\nprovider:\n  name: openfaas\nfunctions:\n"
-      << "  saxpy:\n    lang: cpp\n    handler: ./saxpy\n"
-      << "    image: saxpy:latest\n    labels:\n"
-      << "      com.silt.gpu.max-memory: lots\n";
-  auto r = cluster_->Silt({"up", "-f", work_ + "/stack.yml"});
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_TRUE(absl::StrContains(r.out + r.err, "com.silt.gpu.max-memory"))
-      << r.out << r.err;
+  for (const auto& [label, says] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"com.silt.gpu.max-memory: lots", "com.silt.gpu.max-memory"},
+           {"com.silt.gpu.compute-capability: eight",
+            "com.silt.gpu.compute-capability"},
+           {"com.silt.gpu.min-memory: 1Gi\n      com.silt.gpu.max-memory: 1Mi",
+            "min-memory is more than"}}) {
+    std::ofstream(work_ + "/stack.yml", std::ios::trunc)
+        << "version: 1.0\nprovider:\n  name: openfaas\nfunctions:\n"
+        << "  saxpy:\n    lang: cpp\n    handler: ./saxpy\n"
+        << "    image: saxpy:latest\n    labels:\n"
+        << "      " << label << "\n";
+    auto r = cluster_->Silt({"up", "-f", work_ + "/stack.yml"});
+    EXPECT_NE(r.exit_code, 0) << label;
+    EXPECT_TRUE(absl::StrContains(r.out + r.err, says)) << r.out << r.err;
+  }
 }
 
 // The "calls=N" of the example's answer; -1 when absent.

@@ -16,19 +16,21 @@ std::vector<GpuNode> Nodes() {
             .data_address = "10.0.0.1:1",
             .gpus = 1,
             .gpu_memory = 1024 * kMi,
-            .gpu_model = "big"};
+            .gpu_model = "big",
+            .gpu_compute = 90};
   GpuNode b{.name = "b",
             .data_address = "10.0.0.2:1",
             .gpus = 1,
             .gpu_memory = 512 * kMi,
-            .gpu_model = "small"};
+            .gpu_model = "small",
+            .gpu_compute = 75};
   GpuNode cpu{.name = "cpu", .data_address = "10.0.0.3:1"};
   return {a, b, cpu};
 }
 
 TEST(GpuDirectoryTest, PlacesPreferredThenDowngradesThenFallsBackToTheCpu) {
   GpuDirectory d(Nodes);
-  const GpuMemoryNeeds needs{
+  const GpuNeeds needs{
       .min = 128 * kMi, .preferred = 768 * kMi, .max = 1024 * kMi};
   auto first = d.Open("ns", "f", "one", needs, "cpu");
   ASSERT_TRUE(first.ok()) << first.status();
@@ -41,7 +43,7 @@ TEST(GpuDirectoryTest, PlacesPreferredThenDowngradesThenFallsBackToTheCpu) {
   EXPECT_EQ(second->node, "b");
   EXPECT_EQ(second->memory_limit, 512 * kMi);
   // 256 MiB free at most, below this one's minimum: the asking node's CPU.
-  GpuMemoryNeeds picky = needs;
+  GpuNeeds picky = needs;
   picky.min = 384 * kMi;
   auto third = d.Open("ns", "g", "three", picky, "cpu");
   ASSERT_TRUE(third.ok()) << third.status();
@@ -73,11 +75,11 @@ TEST(GpuDirectoryTest, MakesRoomByDowngradingProcletsTowardTheirMinimum) {
     return std::pair<uint64_t, uint64_t>{bytes,
                                          p.name == "one" ? held_by_one : 0};
   });
-  const GpuMemoryNeeds needs{.min = 128 * kMi, .preferred = 768 * kMi};
+  const GpuNeeds needs{.min = 128 * kMi, .preferred = 768 * kMi};
   ASSERT_EQ(d.Open("ns", "f", "one", needs, "cpu")->node, "a");  // 768 of 1024
   ASSERT_EQ(d.Open("ns", "f", "two", needs, "cpu")->node, "b");  // 512 of 512
   // 256 MiB free on a, none on b; this one needs 384: "one" gives 128 up.
-  GpuMemoryNeeds bigger = needs;
+  GpuNeeds bigger = needs;
   bigger.min = 384 * kMi;
   auto three = d.Open("ns", "g", "three", bigger, "cpu");
   ASSERT_TRUE(three.ok()) << three.status();
@@ -100,7 +102,7 @@ TEST(GpuDirectoryTest, MakesRoomByDowngradingProcletsTowardTheirMinimum) {
                   .name = "three",
                   .backend = "cuda",
                   .memory_limit = 384 * kMi}});
-  GpuMemoryNeeds huge = needs;
+  GpuNeeds huge = needs;
   huge.min = 512 * kMi;
   auto four = d.Open("ns", "h", "four", huge, "cpu");
   ASSERT_TRUE(four.ok()) << four.status();
@@ -108,16 +110,47 @@ TEST(GpuDirectoryTest, MakesRoomByDowngradingProcletsTowardTheirMinimum) {
   EXPECT_EQ(resized.size(), 1u);
 }
 
+// A function that needs a compute capability is placed and moved only onto
+// GPUs that have it.
+TEST(GpuDirectoryTest, ComputeCapabilityLimitsTheGpus) {
+  GpuDirectory d(Nodes);
+  // b has no proclet and the most free after one goes to a; an 8.0 one still
+  // goes to a (9.0), never to b (7.5).
+  ASSERT_EQ(d.Open("ns", "f", "one", {.preferred = 768 * kMi}, "cpu")->node,
+            "a");
+  auto sm80 =
+      d.Open("ns", "g", "two", {.preferred = 128 * kMi, .compute = 80}, "cpu");
+  ASSERT_TRUE(sm80.ok()) << sm80.status();
+  EXPECT_EQ(sm80->node, "a");
+  EXPECT_EQ(sm80->backend, "cuda");
+  auto moved = d.Migrate(sm80->id, "b", "");
+  EXPECT_EQ(moved.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(moved.status().message().find("compute capability 7.5"),
+            std::string::npos)
+      << moved.status();
+  // Nothing has 10.0: CPU cores.
+  auto sm100 = d.Open("ns", "h", "three",
+                      {.preferred = 16 * kMi, .compute = 100}, "cpu");
+  ASSERT_TRUE(sm100.ok()) << sm100.status();
+  EXPECT_EQ(sm100->backend, "host");
+  auto labels = ParseGpuLabels({{"com.silt.gpu.compute-capability", "8.6"}});
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  EXPECT_EQ(labels->compute, 86u);
+  for (const char* bad : {"eight", "8", "8.10", ".5", "0.5", "8.x"})
+    EXPECT_FALSE(
+        ParseGpuLabels({{"com.silt.gpu.compute-capability", bad}}).ok())
+        << bad;
+}
+
 TEST(GpuDirectoryTest, LabelsAreQuantitiesInOrder) {
-  auto ok = ParseGpuMemoryLabels({{"com.silt.gpu.min-memory", "64Mi"},
-                                  {"com.silt.gpu.preferred-memory", "1Gi"},
-                                  {"com.silt.gpu.max-memory", "2Gi"}});
+  auto ok = ParseGpuLabels({{"com.silt.gpu.min-memory", "64Mi"},
+                            {"com.silt.gpu.preferred-memory", "1Gi"},
+                            {"com.silt.gpu.max-memory", "2Gi"}});
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->min, 64 * kMi);
   EXPECT_EQ(ok->wanted(), 1024 * kMi);
-  EXPECT_EQ(
-      ParseGpuMemoryLabels({{"com.silt.gpu.max-memory", "1Gi"}})->wanted(),
-      1024 * kMi);
+  EXPECT_EQ(ParseGpuLabels({{"com.silt.gpu.max-memory", "1Gi"}})->wanted(),
+            1024 * kMi);
   struct Bad {
     std::map<std::string, std::string> labels;
     const char* says;
@@ -131,7 +164,7 @@ TEST(GpuDirectoryTest, LabelsAreQuantitiesInOrder) {
         Bad{{{"com.silt.gpu.min-memory", "2Gi"},
              {"com.silt.gpu.max-memory", "1Gi"}},
             "min-memory is more than com.silt.gpu.max-memory"}}) {
-    auto r = ParseGpuMemoryLabels(bad.labels);
+    auto r = ParseGpuLabels(bad.labels);
     ASSERT_FALSE(r.ok()) << bad.says;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(bad.says), std::string::npos)
