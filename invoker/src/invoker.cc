@@ -183,7 +183,7 @@ GpuProcletsOptions Invoker::Impl::GpuProcletsHere() {
   GpuProcletsOptions o;
   o.data_dir = p->options.data_dir;
   o.root_dir = p->root_skeleton;
-  o.dev_dir = p->dev_dir;
+  o.dev_dir = p->gpu_dev_dir;
   o.worker_dir = p->worker_dir;
   o.cgroup_prefix = "silt/" + p->cgroup_id;
   o.backend = p->options.gpu_backend;
@@ -477,6 +477,16 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
   } else {
     fprintf(stderr, "silt-invoker: no instance can start: %s\n",
             std::string(s.message()).c_str());
+  }
+  impl->gpu_dev_dir = impl->dev_dir;
+  if (options.gpu_backend != "host" && impl->bind_dev_tmp) {
+    const std::string gpu_dev = options.data_dir + "/gpu-dev";
+    auto copied = PrepareGpuDevDir(gpu_dev);
+    if (!copied.ok())
+      fprintf(stderr, "silt-invoker: GPU proclets get no GPU device: %s\n",
+              std::string(copied.status().message()).c_str());
+    else if (*copied > 0)
+      impl->gpu_dev_dir = gpu_dev;
   }
   impl->gpu_proclets = std::make_unique<GpuProclets>(impl->GpuProcletsHere());
   if (options.snapshots) {

@@ -399,7 +399,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   // Snapshot images complete on this node, their plans and working sets
   // (DATA_DIR/snapshots, DATA_DIR/working-sets).
   std::unique_ptr<ImageCatalog> images;
-  std::string dev_dir;        // DATA_DIR/dev: device nodes bound as /dev
+  std::string dev_dir;  // DATA_DIR/dev: device nodes bound as /dev
+  // DATA_DIR/gpu-dev: the same and the GPU's, for GPU proclets' processes
+  // (dev_dir where the node has no NVIDIA device or uses --gpu-backend host).
+  std::string gpu_dev_dir;
   std::string root_skeleton;  // DATA_DIR/root: every sandbox's mount points
   bool bind_dev_tmp = false;
   bool snapshots_on = false;     // options.snapshots and CRIU 4.1+ present

@@ -989,6 +989,33 @@ std::vector<pid_t> ProcessTree(pid_t pid) {
   return out;
 }
 
+absl::StatusOr<int> PrepareGpuDevDir(const std::string& dir,
+                                     const std::string& host_dev) {
+  if (auto s = PrepareDevDir(dir); !s.ok()) return s;
+  int copied = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(host_dev, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("nvidia", 0) != 0) continue;
+    struct stat st;
+    if (stat(e.path().c_str(), &st) != 0 || !S_ISCHR(st.st_mode)) continue;
+    const std::string path = dir + "/" + name;
+    struct stat have;
+    if (stat(path.c_str(), &have) == 0 && S_ISCHR(have.st_mode) &&
+        have.st_rdev == st.st_rdev) {
+      ++copied;
+      continue;
+    }
+    unlink(path.c_str());
+    if (mknod(path.c_str(), S_IFCHR | 0666, st.st_rdev) != 0 ||
+        chmod(path.c_str(), 0666) != 0)
+      return absl::InternalError(
+          absl::StrCat("mknod ", path, ": ", strerror(errno)));
+    ++copied;
+  }
+  return copied;
+}
+
 absl::Status PrepareDevDir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -146,6 +146,13 @@ absl::Status PrepareRootSkeleton(const std::string& dir);
 // urandom). FailedPrecondition when its filesystem does not allow devices.
 absl::Status PrepareDevDir(const std::string& dir);
 
+// PrepareDevDir, and copies of `host_dev`'s NVIDIA device nodes (nvidiactl,
+// nvidia0..., nvidia-uvm, nvidia-uvm-tools) where it has them: the /dev of a
+// GPU proclet's process (silt-gpu-host), whose CUDA driver opens them. How
+// many it copied.
+absl::StatusOr<int> PrepareGpuDevDir(const std::string& dir,
+                                     const std::string& host_dev = "/dev");
+
 // Host dirs bound at /run/silt-criu/NAME/KEY, a path any uid may traverse
 // (not list): CRIU restores the mounts of a tree in a user namespace as that
 // namespace's root, the function's host id, which cannot traverse the

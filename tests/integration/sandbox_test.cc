@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,7 +51,8 @@ class SandboxTest : public ::testing::Test {
   };
   // Runs a shell script in a fresh sandbox and returns its wait status and
   // stdout.
-  Result RunSh(const std::string& script, uint64_t memory = 0) {
+  Result RunSh(const std::string& script, uint64_t memory = 0,
+               const std::string& dev_dir = "") {
     int out[2];
     EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
     int chan[2];
@@ -64,7 +66,7 @@ class SandboxTest : public ::testing::Test {
     spec.env = {"PATH=/usr/bin:/bin"};
     spec.hostname = "fn-test";
     spec.host_id = host_id_;
-    spec.dev_dir = dir_ + "/dev";
+    spec.dev_dir = dev_dir.empty() ? dir_ + "/dev" : dev_dir;
     spec.tmp_dir = dir_ + "/tmp";
     spec.cgroup =
         "silt/test/" + std::to_string(getpid()) + "-" + std::to_string(++n_);
@@ -135,6 +137,40 @@ TEST_F(SandboxTest, IsolatedReadOnlyUnprivileged) {
   EXPECT_TRUE(absl::StrContains(r.out, "CapEff:\t0000000000000000")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "NoNewPrivs:\t1")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "Seccomp:\t2")) << r.out;
+}
+
+// A GPU proclet's process gets the node's NVIDIA device nodes besides the
+// usual ones (here stand-ins: a "nvidiactl" that is /dev/null's device and a
+// "nvidia0" that is /dev/zero's), and nothing else of the host's /dev.
+TEST_F(SandboxTest, GpuDevDirCarriesTheNvidiaNodes) {
+  const std::string host_dev = dir_ + "/host-dev";
+  std::filesystem::create_directories(host_dev);
+  ASSERT_EQ(
+      mknod((host_dev + "/nvidiactl").c_str(), S_IFCHR | 0666, makedev(1, 3)),
+      0);
+  ASSERT_EQ(
+      mknod((host_dev + "/nvidia0").c_str(), S_IFCHR | 0666, makedev(1, 5)), 0);
+  ASSERT_EQ(mknod((host_dev + "/sda").c_str(), S_IFCHR | 0666, makedev(1, 3)),
+            0);
+  std::ofstream(host_dev + "/nvidia-not-a-device") << "x";
+  const std::string gpu_dev = dir_ + "/gpu-dev";
+  auto copied = PrepareGpuDevDir(gpu_dev, host_dev);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_EQ(*copied, 2);
+  copied = PrepareGpuDevDir(gpu_dev, host_dev);  // again: nothing changes
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_EQ(*copied, 2);
+  auto r = RunSh(
+      "echo x > /dev/nvidiactl && echo ctl-ok; "
+      "echo $(head -c 3 /dev/nvidia0 | od -An -tx1); "
+      "ls /dev | tr '\\n' ' '",
+      0, gpu_dev);
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.status << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "ctl-ok\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "00 00 00\n")) << r.out;
+  EXPECT_FALSE(absl::StrContains(r.out, "sda")) << r.out;
+  EXPECT_FALSE(absl::StrContains(r.out, "nvidia-not")) << r.out;
+  umount2(gpu_dev.c_str(), MNT_DETACH);  // where it mounted a tmpfs
 }
 
 TEST_F(SandboxTest, ForbiddenSyscallKillsOnlyTheSandbox) {
