@@ -33,6 +33,15 @@ ordered_json GpuProcletJson(const GpuProcletView& g) {
 
 namespace {
 
+// How busy `node`'s GPU was: its proclets' shares, at most all of it.
+double GpuUtilization(const std::vector<GpuProcletView>& proclets,
+                      const std::string& node) {
+  double busy = 0;
+  for (const auto& p : proclets)
+    if (p.node == node && p.backend == "cuda") busy += p.utilization;
+  return std::min(1.0, busy);
+}
+
 ordered_json GpuMoveJson(const GpuMove& m) {
   return {{"id", m.id},
           {"kind", "gpu"},
@@ -116,20 +125,6 @@ absl::StatusOr<HttpResponse> Api::ResizeGpuProclet(const HttpRequest& req,
     return absl::InvalidArgumentError(
         absl::StrCat(bytes, " bytes is above function ", view.function,
                      "'s com.silt.gpu.max-memory (", needs.max, " bytes)"));
-  // On a GPU: within what it has besides its other proclets' allocations.
-  if (view.backend == "cuda")
-    for (const auto& n : d->Nodes()) {
-      if (n.name != view.node || n.gpu_memory == 0) continue;
-      uint64_t others = 0;
-      for (const auto& g : d->List(""))
-        if (g.node == n.name && g.backend == "cuda" && g.id != view.id)
-          others += std::max(g.memory_limit, g.memory_used);
-      const uint64_t room = n.gpu_memory > others ? n.gpu_memory - others : 0;
-      if (bytes > room)
-        return absl::FailedPreconditionError(absl::StrCat(
-            "node ", n.name, "'s GPU has ", room, " bytes for GPU proclet ", id,
-            " besides its other proclets' allocations, not ", bytes));
-    }
   auto resized = d->Resize(std::string(id), bytes, absl::Seconds(5));
   if (!resized.ok()) return resized.status();
   return HttpResponse::Json(200, JsonText(GpuProcletJson(*resized)));
@@ -142,13 +137,11 @@ absl::StatusOr<HttpResponse> Api::ListGpus() {
   for (const auto& n : d->Nodes()) {
     uint64_t used = 0, limits = 0;
     uint32_t on_gpu = 0, on_cpu = 0;
-    double busy = 0;
     for (const auto& p : proclets) {
       if (p.node != n.name) continue;
       if (p.backend == "cuda") {
         used += p.memory_used;
         limits += p.memory_limit;
-        busy += p.utilization;
         ++on_gpu;
       } else {
         ++on_cpu;
@@ -160,7 +153,7 @@ absl::StatusOr<HttpResponse> Api::ListGpus() {
                      {"memory", n.gpu_memory},
                      {"memoryUsed", used},
                      {"memoryPromised", limits},
-                     {"utilization", std::min(1.0, busy)},
+                     {"utilization", GpuUtilization(proclets, n.name)},
                      {"proclets", on_gpu},
                      {"hostProclets", on_cpu}});
   }
@@ -238,12 +231,9 @@ std::string GpuMetricsText(GpuDirectory& d) {
       "# TYPE silt_gpu_utilization gauge\n";
   for (const auto& n : d.Nodes()) {
     if (n.gpus == 0) continue;
-    double busy = 0;
-    for (const auto& p : proclets)
-      if (p.node == n.name && p.backend == "cuda") busy += p.utilization;
     absl::StrAppend(&out, "silt_gpu_utilization{node=\"", esc(n.name),
                     "\",model=\"", esc(n.gpu_model), "\"} ",
-                    std::min(1.0, busy), "\n");
+                    GpuUtilization(proclets, n.name), "\n");
   }
   out +=
       "# HELP silt_gpu_proclet_moves Moves of a GPU proclet since the "

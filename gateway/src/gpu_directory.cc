@@ -398,6 +398,17 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Resize(const std::string& id,
     auto found = StillByIdLocked(id);
     if (!found.ok()) return found.status();
     view = (*found)->view;
+    // On a GPU: within what it has besides its other proclets' allocations.
+    const GpuNode* n = FindNode(nodes, view.node);
+    if (view.backend == "cuda" && n != nullptr && n->gpu_memory > 0) {
+      const uint64_t others = PromisedLocked()[n->name] -
+                              std::max(view.memory_limit, view.memory_used);
+      const uint64_t room = n->gpu_memory > others ? n->gpu_memory - others : 0;
+      if (bytes > room)
+        return absl::FailedPreconditionError(absl::StrCat(
+            "node ", n->name, "'s GPU has ", room, " bytes for GPU proclet ",
+            id, " besides its other proclets' allocations, not ", bytes));
+    }
   }
   const GpuNode* holder = FindNode(nodes, view.node);
   if (holder == nullptr || (!holder->channel && !resize_))

@@ -115,8 +115,9 @@ class GpuDirectory {
                                   const std::string& backend);
   // Sets proclet `id`'s allocation to `bytes` (the caller checked them
   // against the function's labels). One holding more is asked to shrink,
-  // and has `wait` to Free (FailedPrecondition if it does not); NotFound:
-  // no such proclet; Unavailable: its node is not connected.
+  // and has `wait` to Free (FailedPrecondition if it does not, or if its GPU
+  // lacks the room besides its other proclets); NotFound: no such proclet;
+  // Unavailable: its node is not connected.
   absl::StatusOr<GpuProcletView> Resize(const std::string& id, uint64_t bytes,
                                         absl::Duration wait);
   // A deleted function's (`function` "": a deleted namespace's) proclets:

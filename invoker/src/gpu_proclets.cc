@@ -315,6 +315,21 @@ absl::StatusOr<GpuProclets::Held> GpuProclets::Hold(
   return Held{it->second, ""};  // a racing first request may have won
 }
 
+absl::StatusOr<std::shared_ptr<GpuProclets::Proclet>>
+GpuProclets::HoldForChange(const std::string& ns, const std::string& function,
+                           const std::string& name) {
+  auto held = Hold(ns, function, name, 0, /*create=*/false);
+  if (!held.ok()) return held.status();
+  if (!held->moved_to.empty())
+    return absl::NotFoundError(absl::StrCat("GPU proclet ", name, " of ",
+                                            function, " moved to ",
+                                            held->moved_to, " already"));
+  if (held->proclet->moving.exchange(true))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU proclet ", name, " of ", function, " is being moved or resized"));
+  return held->proclet;
+}
+
 std::string GpuProclets::ServeHere(const std::string& ns,
                                    const std::string& function,
                                    const std::string& name,
@@ -688,16 +703,9 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
                                                    const std::string& name,
                                                    const std::string& target,
                                                    const std::string& backend) {
-  auto held = Hold(ns, function, name, 0, /*create=*/false);
+  auto held = HoldForChange(ns, function, name);
   if (!held.ok()) return held.status();
-  if (!held->moved_to.empty())
-    return absl::NotFoundError(absl::StrCat("GPU proclet ", name, " of ",
-                                            function, " moved to ",
-                                            held->moved_to, " already"));
-  std::shared_ptr<Proclet> p = held->proclet;
-  if (p->moving.exchange(true))
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GPU proclet ", name, " of ", function, " is being moved already"));
+  std::shared_ptr<Proclet> p = *std::move(held);
   ClearOnExit not_moving{p->moving};
   GpuProcletInfo from;
   if (!ParseInfo(p->Exchange(std::string(1, char(GpuOp::kInfo))), &from))
@@ -813,15 +821,9 @@ absl::StatusOr<GpuProcletInfo> GpuProclets::Resize(const std::string& ns,
                                                    const std::string& name,
                                                    uint64_t limit,
                                                    absl::Duration wait) {
-  auto held = Hold(ns, function, name, 0, /*create=*/false);
+  auto held = HoldForChange(ns, function, name);
   if (!held.ok()) return held.status();
-  if (!held->moved_to.empty())
-    return absl::NotFoundError(absl::StrCat(
-        "GPU proclet ", name, " of ", function, " moved to ", held->moved_to));
-  std::shared_ptr<Proclet> p = held->proclet;
-  if (p->moving.exchange(true))
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GPU proclet ", name, " of ", function, " is being moved or resized"));
+  std::shared_ptr<Proclet> p = *std::move(held);
   ClearOnExit not_moving{p->moving};
   auto set_limit = [&](uint64_t bytes) {
     std::string req(1, static_cast<char>(GpuOp::kSetLimit));

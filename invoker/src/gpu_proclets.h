@@ -140,6 +140,12 @@ class GpuProclets {
   absl::StatusOr<Held> Hold(const std::string& ns, const std::string& function,
                             const std::string& name, uint64_t memory_limit,
                             bool create, const std::string& backend = "");
+  // The proclet held here, for a move or a resize: its `moving` set (the
+  // caller clears it). NotFound when not here; FailedPrecondition when
+  // another change holds it.
+  absl::StatusOr<std::shared_ptr<Proclet>> HoldForChange(
+      const std::string& ns, const std::string& function,
+      const std::string& name);
   absl::StatusOr<std::shared_ptr<Proclet>> Start(const std::string& ns,
                                                  const std::string& function,
                                                  const std::string& name,
