@@ -1400,9 +1400,13 @@ int RunCli(int argc, char** argv) {
   auto* gpu_reclaim = gpu_cmd->add_subcommand(
       "reclaim",
       "Move every GPU proclet off a node's GPU (to another GPU with room, "
-      "else onto that node's CPU cores)");
+      "else onto that node's CPU cores); it takes none until released");
   gw_opt(gpu_reclaim);
   gpu_reclaim->add_option("NODE", name, "Node name")->required();
+  auto* gpu_release = gpu_cmd->add_subcommand(
+      "release", "Give a reclaimed GPU back to placement and the rebalancer");
+  gw_opt(gpu_release);
+  gpu_release->add_option("NODE", name, "Node name")->required();
   std::string gpu_memory;
   auto* gpu_resize = gpu_cmd->add_subcommand(
       "resize",
@@ -1746,6 +1750,7 @@ int RunCli(int argc, char** argv) {
       };
       if (*gpu_list) return GpuList(send, output);
       if (*gpu_reclaim) return GpuReclaim(send, name);
+      if (*gpu_release) return GpuRelease(send, name);
       if (*gpu_resize) return GpuResize(send, name, gpu_memory);
     } else if (*local) {
       return Local(local_opts);

@@ -59,7 +59,8 @@ int GpuList(const Requester& send, const std::string& output) {
     std::cout << absl::StrFormat(
         "%-16s\t%-4d\t%-28s\t%-12s\t%-12s\t%-5s\t%d/%d\n", n.value("node", ""),
         n.value("gpus", 0),
-        n.value("model", "").empty() ? "-" : n.value("model", ""),
+        (n.value("model", "").empty() ? "-" : n.value("model", "")) +
+            (n.value("reclaimed", false) ? " (reclaimed)" : ""),
         Mib(n.value("memory", uint64_t{0})),
         Mib(n.value("memoryUsed", uint64_t{0})),
         n.value("gpus", 0) == 0
@@ -96,7 +97,16 @@ int GpuReclaim(const Requester& send, const std::string& node) {
   }
   for (const auto& m : j["moved"]) PrintGpuMove(m);
   std::cout << "Reclaimed the GPU of " << node << ": " << j["moved"].size()
-            << " proclet(s) moved." << std::endl;
+            << " proclet(s) moved; it takes none until `silt gpu release "
+            << node << "`." << std::endl;
+  return 0;
+}
+
+int GpuRelease(const Requester& send, const std::string& node) {
+  HttpResult r = send("POST", "/system/gpu/" + node + "/release", "");
+  if (r.status != 200) return Error(r);
+  std::cout << "Released the GPU of " << node
+            << ": placement and the rebalancer use it again." << std::endl;
   return 0;
 }
 

@@ -389,6 +389,12 @@ absl::StatusOr<std::optional<HttpResponse>> Api::Route(const HttpRequest& req,
     if (m == "POST") return ReclaimGpu(arg.substr(0, arg.size() - 8));
     return MethodNotAllowed();
   }
+  if (head == "gpu" && has_arg && absl::EndsWith(arg, "/release")) {
+    route = "/system/gpu/{node}/release";
+    SILT_AUTH();
+    if (m == "POST") return ReleaseGpu(arg.substr(0, arg.size() - 8));
+    return MethodNotAllowed();
+  }
   if (head == "state") {
     route = has_arg ? "/system/state/{name}" : "/system/state";
     SILT_AUTH();

@@ -116,6 +116,7 @@ class Api {
                                                 absl::string_view id);
   absl::StatusOr<HttpResponse> ListGpus();
   absl::StatusOr<HttpResponse> ReclaimGpu(absl::string_view node);
+  absl::StatusOr<HttpResponse> ReleaseGpu(absl::string_view node);
   absl::StatusOr<HttpResponse> MigrateProclet(const HttpRequest& req,
                                               absl::string_view id);
   absl::StatusOr<HttpResponse> GetState(const HttpRequest& req,

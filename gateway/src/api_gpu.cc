@@ -154,6 +154,7 @@ absl::StatusOr<HttpResponse> Api::ListGpus() {
                      {"memoryUsed", used},
                      {"memoryPromised", limits},
                      {"utilization", GpuUtilization(proclets, n.name)},
+                     {"reclaimed", d->Reclaimed(n.name)},
                      {"proclets", on_gpu},
                      {"hostProclets", on_cpu}});
   }
@@ -169,6 +170,13 @@ absl::StatusOr<HttpResponse> Api::ReclaimGpu(absl::string_view node) {
   ordered_json out = ordered_json::array();
   for (const auto& m : *moves) out.push_back(GpuMoveJson(m));
   return HttpResponse::Json(200, JsonText(ordered_json{{"moved", out}}));
+}
+
+absl::StatusOr<HttpResponse> Api::ReleaseGpu(absl::string_view node) {
+  if (auto st = nodes_->gpu_directory()->Release(std::string(node)); !st.ok())
+    return st;
+  return HttpResponse::Json(
+      200, JsonText(ordered_json{{"node", node}, {"reclaimed", false}}));
 }
 
 std::string GpuMetricsText(GpuDirectory& d) {

@@ -10,8 +10,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "invoker/proto/proclets.grpc.pb.h"
 #include "nodes.h"
+#include "store/store.h"
 
 namespace silt::gateway {
 namespace {
@@ -25,7 +27,57 @@ const GpuNode* FindNode(const std::vector<GpuNode>& nodes,
   return nullptr;
 }
 
+// Store keys (table kMeta): a pinned proclet's "ns/function/name", a
+// reclaimed GPU's node.
+constexpr absl::string_view kPinnedPrefix = "gpu-pinned/";
+constexpr absl::string_view kReclaimedPrefix = "gpu-reclaimed/";
+
+std::string Mib(uint64_t bytes) {
+  return absl::StrFormat("%.0f MiB", static_cast<double>(bytes) / (1 << 20));
+}
+
+uint64_t Held(const GpuProcletView& v) {
+  return std::max(v.memory_limit, v.memory_used);
+}
+
 }  // namespace
+
+GpuDirectory::GpuDirectory(NodeSource nodes, store::Store* store,
+                           NodeCalls calls, GpuRebalanceOptions rebalance)
+    : nodes_(std::move(nodes)),
+      store_(store),
+      calls_(std::move(calls)),
+      rebalance_(rebalance) {
+  if (store_ == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  for (auto [prefix, into] : {std::pair{kPinnedPrefix, &pinned_},
+                              std::pair{kReclaimedPrefix, &reclaimed_}}) {
+    auto kept = store_->Scan(store::Table::kMeta, prefix);
+    if (!kept.ok()) {
+      fprintf(stderr, "silt-gateway: reading GPU pins and reclaims: %s\n",
+              std::string(kept.status().message()).c_str());
+      continue;
+    }
+    for (const auto& [k, v] : *kept) into->insert(k.substr(prefix.size()));
+  }
+}
+
+void GpuDirectory::PersistPin(const std::string& key, bool pinned) {
+  if (store_ == nullptr) return;
+  store::WriteBatch b;
+  if (pinned)
+    b.Put(store::Table::kMeta, absl::StrCat(kPinnedPrefix, key), "");
+  else
+    b.Delete(store::Table::kMeta, absl::StrCat(kPinnedPrefix, key));
+  if (auto st = store_->Write(b); !st.ok())
+    fprintf(stderr, "silt-gateway: keeping GPU proclet %s's pin: %s\n",
+            key.c_str(), std::string(st.message()).c_str());
+}
+
+bool GpuDirectory::GpuUsableLocked(const GpuNode& n,
+                                   const GpuNeeds& needs) const {
+  return !n.leaving && needs.Fits(n) && !reclaimed_.contains(n.name);
+}
 
 std::string GpuDirectory::KeyOf(const std::string& ns,
                                 const std::string& function,
@@ -117,8 +169,7 @@ GpuDirectory::Placement GpuDirectory::PlaceLocked(
   Placement p;
   uint64_t best_free = 0;
   for (const auto& n : nodes) {
-    if (n.leaving || !needs.Fits(n) || n.gpu_memory < promised[n.name])
-      continue;
+    if (!GpuUsableLocked(n, needs) || n.gpu_memory < promised[n.name]) continue;
     uint64_t free = n.gpu_memory - promised[n.name];
     if (p.node == nullptr || free > best_free) {
       p.node = &n;
@@ -154,7 +205,7 @@ std::vector<std::pair<std::string, uint64_t>> GpuDirectory::RoomPlanLocked(
   std::vector<Spare> best_spares;
   uint64_t best_free = 0, best_total = 0;
   for (const auto& n : nodes) {
-    if (n.leaving || !needs.Fits(n)) continue;
+    if (!GpuUsableLocked(n, needs)) continue;
     const uint64_t free =
         n.gpu_memory > promised[n.name] ? n.gpu_memory - promised[n.name] : 0;
     std::vector<Spare> spares;
@@ -201,8 +252,11 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Open(
       absl::MutexLock lock(&mu_);
       auto it = entries_.find(key);
       if (it != entries_.end() &&
-          FindNode(nodes, it->second.view.node) != nullptr)
+          FindNode(nodes, it->second.view.node) != nullptr) {
+        it->second.needs = needs;  // the labels may have changed since
+        it->second.needs_known = true;
         return it->second.view;
+      }
       Placement p = PlaceLocked(nodes, needs, asking_node);
       // No GPU has room: proclets that declared a minimum are downgraded
       // toward it (never below what they hold) rather than this one going
@@ -214,6 +268,9 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Open(
         Entry& e = entries_[key];
         if (e.view.id.empty()) e.view.id = NewIdLocked();
         e.needs = needs;
+        e.needs_known = true;
+        e.placed_at = Clock::now();
+        e.reports_here = 0;
         e.view.ns = ns;
         e.view.function = function;
         e.view.name = name;
@@ -256,6 +313,7 @@ void GpuDirectory::Report(const std::string& node,
         wall_ns > 0)
       h.utilization =
           std::min(1.0, double(h.busy_ns - e.view.busy_ns) / wall_ns);
+    e.reports_here = e.reported && e.view.node == node ? e.reports_here + 1 : 1;
     e.view = std::move(h);
     e.reported = true;
     e.reported_at = now;
@@ -291,6 +349,13 @@ std::vector<GpuProcletView> GpuDirectory::List(const std::string& ns) {
 absl::StatusOr<GpuMove> GpuDirectory::Migrate(const std::string& id,
                                               const std::string& node,
                                               const std::string& backend) {
+  return Move(id, node, backend, MoveCause::kOperator);
+}
+
+absl::StatusOr<GpuMove> GpuDirectory::Move(const std::string& id,
+                                           const std::string& node,
+                                           const std::string& backend,
+                                           MoveCause cause) {
   if (!backend.empty() && backend != "cuda" && backend != "host")
     return absl::InvalidArgumentError(
         absl::StrCat("backend \"", backend, "\" is none of cuda, host"));
@@ -318,6 +383,11 @@ absl::StatusOr<GpuMove> GpuDirectory::Migrate(const std::string& id,
     if (e->view.node == node && e->view.backend == to_backend)
       return absl::InvalidArgumentError(absl::StrCat(
           "GPU proclet ", id, " is on ", node, " (", to_backend, ") already"));
+    if (to_backend == "cuda" && reclaimed_.contains(node))
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", node, "'s GPU is reclaimed: silt gpu release ", node,
+          " gives it back, or move the proclet with backend "
+          "host"));
     if (to_backend == "cuda" && !e->needs.Fits(*target))
       return absl::FailedPreconditionError(absl::StrCat(
           "node ", node, "'s GPU has compute capability ",
@@ -329,48 +399,78 @@ absl::StatusOr<GpuMove> GpuDirectory::Migrate(const std::string& id,
     e->moving = true;
     from = e->view;
   }
+  const std::string key = KeyOf(from.ns, from.function, from.name);
   const GpuNode* source = FindNode(nodes, from.node);
   auto done = [&](const GpuMove* moved) {
-    absl::MutexLock lock(&mu_);
-    auto it = entries_.find(KeyOf(from.ns, from.function, from.name));
-    if (it == entries_.end()) return;
-    it->second.moving = false;
-    if (moved == nullptr) return;
-    it->second.view.node = moved->to;
-    it->second.view.backend = moved->to_backend;
-    it->second.view.device = moved->to_device;
-    it->second.view.moves++;
-    it->second.view.last_pause_ms = moved->pause_ms;
-    it->second.reported = false;  // until the target's next report
+    bool pin_changed = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = entries_.find(key);
+      if (it == entries_.end()) return;
+      it->second.moving = false;
+      // A failed move of the directory's own is not tried again at once.
+      if (moved == nullptr && cause == MoveCause::kRebalance)
+        it->second.placed_at = Clock::now();
+      if (moved == nullptr) return;
+      it->second.view.node = moved->to;
+      it->second.view.backend = moved->to_backend;
+      it->second.view.device = moved->to_device;
+      it->second.view.moves++;
+      it->second.view.last_pause_ms = moved->pause_ms;
+      it->second.reported = false;  // until the target's next report
+      it->second.reports_here = 0;
+      it->second.placed_at = Clock::now();
+      // An operator's choice stays; the directory's own moves unpin
+      // nothing (a pinned proclet is only moved by a reclaim).
+      if (cause == MoveCause::kOperator)
+        pin_changed = pinned_.insert(key).second;
+    }
+    if (pin_changed) PersistPin(key, true);
   };
-  if (source == nullptr || !source->channel) {
+  if (source == nullptr || (!source->channel && !calls_.move)) {
     done(nullptr);
     return absl::UnavailableError(absl::StrCat("node ", from.node,
                                                ", which holds GPU proclet ", id,
                                                ", is not connected"));
   }
+  auto start = std::chrono::steady_clock::now();
+  auto m = calls_.move ? calls_.move(*source, *target, from, to_backend)
+                       : MoveOnNode(*source, *target, from, to_backend);
+  if (!m.ok()) {
+    done(nullptr);
+    return absl::Status(
+        m.status().code(),
+        absl::StrCat("moving GPU proclet ", id, ": ", m.status().message()));
+  }
+  m->id = id;
+  m->from = from.node;
+  m->to = node;
+  m->total_ms = std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - start)
+                    .count();
+  done(&*m);
+  return m;
+}
+
+absl::StatusOr<GpuMove> GpuDirectory::MoveOnNode(const GpuNode& source,
+                                                 const GpuNode& target,
+                                                 const GpuProcletView& from,
+                                                 const std::string& backend) {
   pv1::MigrateGpuProcletRequest req;
   req.set_namespace_(from.ns);
   req.set_function(from.function);
   req.set_name(from.name);
-  req.set_target_data_address(target->data_address);
-  req.set_target_backend(to_backend);
+  req.set_target_data_address(target.data_address);
+  req.set_target_backend(backend);
   pv1::MigrateGpuProcletResponse res;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
-  auto start = std::chrono::steady_clock::now();
-  grpc::Status st = pv1::ProcletHost::NewStub(source->channel)
+  grpc::Status st = pv1::ProcletHost::NewStub(source.channel)
                         ->MigrateGpuProclet(&ctx, req, &res);
-  if (!st.ok()) {
-    done(nullptr);
-    return absl::Status(
-        static_cast<absl::StatusCode>(st.error_code()),
-        absl::StrCat("moving GPU proclet ", id, ": ", st.error_message()));
-  }
+  if (!st.ok())
+    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                        st.error_message());
   GpuMove m;
-  m.id = id;
-  m.from = from.node;
-  m.to = node;
   m.from_backend = res.from_backend();
   m.to_backend = res.to_backend();
   m.to_device = res.to_device();
@@ -381,10 +481,6 @@ absl::StatusOr<GpuMove> GpuDirectory::Migrate(const std::string& id,
   m.precopy_ms = res.precopy_ms();
   m.precopy_bytes = res.precopy_bytes();
   m.paused_bytes = res.paused_bytes();
-  m.total_ms = std::chrono::duration<double, std::milli>(
-                   std::chrono::steady_clock::now() - start)
-                   .count();
-  done(&m);
   return m;
 }
 
@@ -411,12 +507,12 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Resize(const std::string& id,
     }
   }
   const GpuNode* holder = FindNode(nodes, view.node);
-  if (holder == nullptr || (!holder->channel && !resize_))
+  if (holder == nullptr || (!holder->channel && !calls_.resize))
     return absl::UnavailableError(absl::StrCat("node ", view.node,
                                                ", which holds GPU proclet ", id,
                                                ", is not connected"));
-  auto now = resize_ ? resize_(*holder, view, bytes, wait)
-                     : ResizeOnNode(*holder, view, bytes, wait);
+  auto now = calls_.resize ? calls_.resize(*holder, view, bytes, wait)
+                           : ResizeOnNode(*holder, view, bytes, wait);
   if (!now.ok())
     return absl::Status(now.status().code(),
                         absl::StrCat("resizing GPU proclet ", id, ": ",
@@ -456,7 +552,7 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> GpuDirectory::ResizeOnNode(
 
 void GpuDirectory::DropFunction(const std::string& ns,
                                 const std::string& function) {
-  std::set<std::string> holders;
+  std::set<std::string> holders, unpinned;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = entries_.begin(); it != entries_.end();) {
@@ -468,7 +564,13 @@ void GpuDirectory::DropFunction(const std::string& ns,
         ++it;
       }
     }
+    const std::string prefix =
+        function.empty() ? absl::StrCat(ns, "/") : KeyOf(ns, function, "");
+    for (auto it = pinned_.lower_bound(prefix);
+         it != pinned_.end() && absl::StartsWith(*it, prefix);)
+      unpinned.insert(*it), it = pinned_.erase(it);
   }
+  for (const auto& key : unpinned) PersistPin(key, false);
   if (holders.empty()) return;
   for (const auto& n : nodes_()) {
     if (!holders.contains(n.name) || !n.channel) continue;
@@ -491,25 +593,31 @@ absl::StatusOr<std::vector<GpuMove>> GpuDirectory::Reclaim(
   if (FindNode(nodes, node) == nullptr)
     return absl::NotFoundError(
         absl::StrCat("no node ", node, " is connected (see silt nodes)"));
+  bool newly = false;
+  {
+    absl::MutexLock lock(&mu_);
+    newly = reclaimed_.insert(node).second;
+  }
+  if (newly && store_ != nullptr) {
+    store::WriteBatch b;
+    b.Put(store::Table::kMeta, absl::StrCat(kReclaimedPrefix, node), "");
+    if (auto st = store_->Write(b); !st.ok()) return st;
+  }
   std::vector<GpuMove> moves;
   for (;;) {
     std::string id, target, backend = "host";
     {
       absl::MutexLock lock(&mu_);
-      std::map<std::string, uint64_t> promised;
-      for (const auto& [k, e] : entries_)
-        if (e.view.backend == "cuda")
-          promised[e.view.node] +=
-              std::max(e.view.memory_limit, e.view.memory_used);
+      std::map<std::string, uint64_t> promised = PromisedLocked();
       for (const auto& [k, e] : entries_) {
         if (e.view.node != node || e.view.backend != "cuda" || e.moving)
           continue;
         id = e.view.id;
         target = node;
-        const uint64_t need = std::max(e.view.memory_limit, e.view.memory_used);
+        const uint64_t need = Held(e.view);
         uint64_t best_free = 0;
         for (const auto& n : nodes) {
-          if (n.name == node || n.leaving || !e.needs.Fits(n) ||
+          if (n.name == node || !GpuUsableLocked(n, e.needs) ||
               n.gpu_memory < promised[n.name] + need)
             continue;
           uint64_t free = n.gpu_memory - promised[n.name];
@@ -523,10 +631,125 @@ absl::StatusOr<std::vector<GpuMove>> GpuDirectory::Reclaim(
       }
     }
     if (id.empty()) return moves;
-    auto m = Migrate(id, target, backend);
+    auto m = Move(id, target, backend, MoveCause::kReclaim);
     if (!m.ok()) return m.status();
     moves.push_back(*std::move(m));
   }
+}
+
+absl::Status GpuDirectory::Release(const std::string& node) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (reclaimed_.erase(node) == 0)
+      return absl::NotFoundError(absl::StrCat(
+          "node ", node, "'s GPU is not reclaimed (see silt gpu list)"));
+  }
+  if (store_ == nullptr) return absl::OkStatus();
+  store::WriteBatch b;
+  b.Delete(store::Table::kMeta, absl::StrCat(kReclaimedPrefix, node));
+  return store_->Write(b);
+}
+
+bool GpuDirectory::Reclaimed(const std::string& node) {
+  absl::MutexLock lock(&mu_);
+  return reclaimed_.contains(node);
+}
+
+std::vector<GpuDirectory::PlannedMove> GpuDirectory::RebalancePlanLocked(
+    const std::vector<GpuNode>& nodes, Clock::time_point now) const {
+  const auto settle = absl::ToChronoNanoseconds(rebalance_.settle);
+  // Whether the directory may move `e` now: placed (or moved) by the
+  // directory, settled, its needs and (from its second report where it is)
+  // its utilisation known.
+  auto movable = [&](const std::string& key, const Entry& e) {
+    return !e.moving && e.needs_known && e.reports_here >= 2 &&
+           !pinned_.contains(key) && now - e.placed_at >= settle &&
+           FindNode(nodes, e.view.node) != nullptr;
+  };
+  std::map<std::string, uint64_t> promised = PromisedLocked();
+  auto free_on = [&](const GpuNode& n) {
+    return n.gpu_memory > promised[n.name] ? n.gpu_memory - promised[n.name]
+                                           : uint64_t{0};
+  };
+  // The proclets on CPU cores that want a GPU, the busiest first.
+  std::vector<std::pair<std::string, const Entry*>> up;
+  for (const auto& [key, e] : entries_)
+    if (e.view.backend == "host" && movable(key, e)) up.push_back({key, &e});
+  std::stable_sort(up.begin(), up.end(), [](const auto& a, const auto& b) {
+    return a.second->view.utilization > b.second->view.utilization;
+  });
+  auto subject = [](const Entry& e) {
+    return absl::StrCat(e.view.id, " (", e.view.ns, "/", e.view.function, "/",
+                        e.view.name, ")");
+  };
+  for (const auto& [key, p] : up) {
+    const uint64_t need = Held(p->view);
+    // A GPU with room: the one with the most free.
+    const GpuNode* best = nullptr;
+    for (const auto& n : nodes)
+      if (GpuUsableLocked(n, p->needs) && free_on(n) >= need &&
+          (best == nullptr || free_on(n) > free_on(*best)))
+        best = &n;
+    if (best != nullptr)
+      return {
+          {p->view.id, best->name, "cuda", GpuMoveWhy::kRoom, subject(*p),
+           absl::StrCat("node ", best->name, "'s GPU has ", Mib(free_on(*best)),
+                        " free; it holds ", Mib(need))}};
+    // None: a busy one takes the GPU of an idle one that frees enough (the
+    // idlest, then the smallest), which goes to its node's CPU cores.
+    if (p->view.utilization < rebalance_.busy) continue;
+    const Entry* idle = nullptr;
+    const GpuNode* on = nullptr;
+    for (const auto& [qkey, q] : entries_) {
+      if (q.view.backend != "cuda" || !movable(qkey, q) ||
+          q.view.utilization > rebalance_.idle)
+        continue;
+      const GpuNode* n = FindNode(nodes, q.view.node);
+      if (!GpuUsableLocked(*n, p->needs) || free_on(*n) + Held(q.view) < need)
+        continue;
+      if (idle == nullptr || q.view.utilization < idle->view.utilization ||
+          (q.view.utilization == idle->view.utilization &&
+           Held(q.view) < Held(idle->view)))
+        idle = &q, on = n;
+    }
+    if (idle == nullptr) continue;
+    const std::string why = absl::StrFormat(
+        "%s is busy (%.0f%%) on CPU cores; %s was idle (%.0f%%) on node %s's "
+        "GPU",
+        p->view.id, 100 * p->view.utilization, idle->view.id,
+        100 * idle->view.utilization, on->name);
+    return {
+        {idle->view.id, on->name, "host", GpuMoveWhy::kWanted, subject(*idle),
+         why},
+        {p->view.id, on->name, "cuda", GpuMoveWhy::kWanted, subject(*p), why}};
+  }
+  return {};
+}
+
+std::vector<GpuRebalanceStep> GpuDirectory::Rebalance() {
+  const std::vector<GpuNode> nodes = nodes_();
+  std::vector<GpuRebalanceStep> steps;
+  // A few steps per call: each is planned on what the nodes reported, and
+  // the moves made change what they report next.
+  for (int round = 0; round < 4; ++round) {
+    std::vector<PlannedMove> plan;
+    {
+      absl::MutexLock lock(&mu_);
+      plan = RebalancePlanLocked(nodes, Clock::now());
+    }
+    if (plan.empty()) break;
+    for (const PlannedMove& m : plan) {
+      GpuRebalanceStep step{
+          .why = m.why,
+          .move = Move(m.id, m.node, m.backend, MoveCause::kRebalance),
+          .subject = m.subject,
+          .detail = m.detail};
+      const bool ok = step.move.ok();
+      steps.push_back(std::move(step));
+      if (!ok) return steps;  // the next pulse plans again
+    }
+  }
+  return steps;
 }
 
 }  // namespace silt::gateway

@@ -8,6 +8,14 @@
 // (Migrate): the source node hands the proclet over to the target's data
 // port, then the directory points at the target.
 //
+// The GPUs follow the work (Rebalance, on the rebalancer's thread): a
+// proclet placed on CPU cores for want of room moves onto a GPU once one has
+// room for it, and an idle proclet gives its GPU up (to its node's CPU
+// cores) to a busy one that has none. What an operator decided stays: a
+// proclet an operator moved (silt proclets migrate) is pinned where it was
+// put, and a reclaimed GPU (silt gpu reclaim) takes no proclets until it is
+// released (silt gpu release). Both are kept in the gateway's store.
+//
 // Thread safety: thread-safe (one lock, never held across an RPC).
 #ifndef SILT_GATEWAY_GPU_DIRECTORY_H_
 #define SILT_GATEWAY_GPU_DIRECTORY_H_
@@ -17,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +37,9 @@
 
 namespace grpc {
 class Channel;
+}
+namespace silt::store {
+class Store;
 }
 
 namespace silt::gateway {
@@ -79,6 +91,29 @@ struct GpuMove {
   double total_ms = 0;
 };
 
+// Why Rebalance moved a proclet.
+enum class GpuMoveWhy {
+  kRoom,    // off CPU cores: a GPU has room for it
+  kWanted,  // off its GPU, idle, for a busy proclet on CPU cores
+};
+
+// One move Rebalance made or tried (`move` holds what failed).
+struct GpuRebalanceStep {
+  GpuMoveWhy why = GpuMoveWhy::kRoom;
+  absl::StatusOr<GpuMove> move;
+  std::string subject;  // "g3 (ns/function/name)"
+  std::string detail;   // why, in words
+};
+
+struct GpuRebalanceOptions {
+  // A proclet the directory moved or placed stays put this long (moving
+  // back and forth costs more than waiting).
+  absl::Duration settle = absl::Seconds(10);
+  // Busy: its device ran its launches at least this share of the time
+  // between its node's last two reports; idle: at most this share.
+  double busy = 0.25, idle = 0.02;
+};
+
 class GpuDirectory {
  public:
   using NodeSource = std::function<std::vector<GpuNode>()>;
@@ -87,8 +122,19 @@ class GpuDirectory {
   using Resizer = std::function<absl::StatusOr<std::pair<uint64_t, uint64_t>>(
       const GpuNode& holder, const GpuProcletView& proclet, uint64_t bytes,
       absl::Duration wait)>;
-  explicit GpuDirectory(NodeSource nodes, Resizer resize = {})
-      : nodes_(std::move(nodes)), resize_(std::move(resize)) {}
+  // Moves a proclet from `source` to `target`'s `backend`. Unset: the
+  // source node's ProcletHost service.
+  using Mover = std::function<absl::StatusOr<GpuMove>(
+      const GpuNode& source, const GpuNode& target,
+      const GpuProcletView& proclet, const std::string& backend)>;
+  struct NodeCalls {
+    Resizer resize;
+    Mover move;
+  };
+  // Pins and reclaimed GPUs are kept in `store` (null: only in memory).
+  explicit GpuDirectory(NodeSource nodes, store::Store* store = nullptr,
+                        NodeCalls calls = {},
+                        GpuRebalanceOptions rebalance = {});
 
   // Where the proclet is; placed now when it is nowhere (or its node is
   // gone). Unavailable when no node is connected. Its memory_limit is the
@@ -106,10 +152,11 @@ class GpuDirectory {
   void NodeGone(const std::string& node);
   // Those of namespace `ns` ("" = all).
   std::vector<GpuProcletView> List(const std::string& ns);
-  // Moves proclet `id` to `node`, onto `backend` ("cuda", "host"; "": the
-  // node's GPU if it has one). NotFound: no such proclet or node;
-  // InvalidArgument: already there on that backend, or a bad backend;
-  // FailedPrecondition: the target has no GPU for "cuda", or is leaving.
+  // An operator's move: proclet `id` to `node`, onto `backend` ("cuda",
+  // "host"; "": the node's GPU if it has one), pinned there (Rebalance
+  // leaves it). NotFound: no such proclet or node; InvalidArgument: already
+  // there on that backend, or a bad backend; FailedPrecondition: the target
+  // has no GPU for "cuda" (or it is reclaimed), or is leaving.
   absl::StatusOr<GpuMove> Migrate(const std::string& id,
                                   const std::string& node,
                                   const std::string& backend);
@@ -123,24 +170,62 @@ class GpuDirectory {
   // A deleted function's (`function` "": a deleted namespace's) proclets:
   // forgotten, and ended on their nodes.
   void DropFunction(const std::string& ns, const std::string& function);
-  // Moves every proclet on `node`'s GPU off it: each to another node's GPU
-  // with the memory free, else onto `node`'s CPU cores (the host backend).
-  // The moves made; the first error stops it. NotFound: no such node.
+  // Takes `node`'s GPU out of use until Release: every proclet on it moves
+  // off, each to another node's GPU with the memory free, else onto
+  // `node`'s CPU cores (the host backend). The moves made; the first error
+  // stops them (the GPU stays reclaimed). NotFound: no such node.
   absl::StatusOr<std::vector<GpuMove>> Reclaim(const std::string& node);
+  // Gives a reclaimed GPU back to placement and Rebalance. NotFound: `node`
+  // is not reclaimed.
+  absl::Status Release(const std::string& node);
+  bool Reclaimed(const std::string& node);
+  // The moves that put the GPUs where the work is (see the top of this
+  // file); at most a few per call, each planned on what the nodes last
+  // reported.
+  std::vector<GpuRebalanceStep> Rebalance();
   std::vector<GpuNode> Nodes() const { return nodes_(); }
   // Whether `id` names a GPU proclet (not a memory proclet's number).
   static bool IsGpuId(const std::string& id);
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Entry {
     GpuProcletView view;
-    GpuNeeds needs;  // as placed here (unknown after a restart: none)
+    // As its function's instances last asked for it (unknown after a
+    // gateway restart until one does: Rebalance leaves it alone till then).
+    GpuNeeds needs;
+    bool needs_known = false;
     bool moving = false;
     // Its node has reported it: once it is missing from a report, it is
     // gone (its function left the node). Until then it was only placed.
     bool reported = false;
-    std::chrono::steady_clock::time_point reported_at;
+    Clock::time_point reported_at;
+    // Reports of it from where it is now: its utilisation is measured from
+    // the second on.
+    int reports_here = 0;
+    Clock::time_point placed_at = Clock::now();  // or last moved
   };
+  enum class MoveCause { kOperator, kReclaim, kRebalance };
+  absl::StatusOr<GpuMove> Move(const std::string& id, const std::string& node,
+                               const std::string& backend, MoveCause cause);
+  absl::StatusOr<GpuMove> MoveOnNode(const GpuNode& source,
+                                     const GpuNode& target,
+                                     const GpuProcletView& proclet,
+                                     const std::string& backend);
+  // Whether `n`'s GPU may take `needs`' proclets now.
+  bool GpuUsableLocked(const GpuNode& n, const GpuNeeds& needs) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next Rebalance step: the proclets to move in order, each to (node,
+  // backend); empty when nothing should move.
+  struct PlannedMove {
+    std::string id, node, backend;
+    GpuMoveWhy why;
+    std::string subject, detail;
+  };
+  std::vector<PlannedMove> RebalancePlanLocked(
+      const std::vector<GpuNode>& nodes, Clock::time_point now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PersistPin(const std::string& key, bool pinned);
   static std::string KeyOf(const std::string& ns, const std::string& function,
                            const std::string& name);
   std::string NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -169,10 +254,16 @@ class GpuDirectory {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const NodeSource nodes_;
-  const Resizer resize_;
+  store::Store* const store_;
+  const NodeCalls calls_;
+  const GpuRebalanceOptions rebalance_;
   absl::Mutex mu_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);  // by key
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Kept in the store: pinned proclets' keys (applied to their entries as
+  // nodes report them) and reclaimed GPUs' nodes.
+  std::set<std::string> pinned_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> reclaimed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace silt::gateway

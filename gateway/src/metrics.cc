@@ -268,7 +268,8 @@ std::string Metrics::Render(const std::map<std::string, uint64_t>& replicas,
                     "\"} ", v, "\n");
   out +=
       "# HELP silt_rebalance_moves_total Pieces the rebalancer moved, by kind "
-      "(memory, compute, instance) and reason (cpu-high, memory-high)\n";
+      "(memory, compute, instance, gpu) and reason (cpu-high, memory-high, "
+      "gpu-room, gpu-wanted)\n";
   out += "# TYPE silt_rebalance_moves_total counter\n";
   for (const auto& [k, v] : rebalance_moves_)
     absl::StrAppend(&out, "silt_rebalance_moves_total{kind=\"", Escape(k.first),

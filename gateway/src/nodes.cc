@@ -91,13 +91,14 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Start(
   if (!dir.ok()) return dir.status();
   impl->directory = *std::move(dir);
   impl->gpu_directory =
-      std::make_unique<GpuDirectory>([p] { return p->GpuNodes(); });
+      std::make_unique<GpuDirectory>([p] { return p->GpuNodes(); }, store);
   Rebalancer::Hooks hooks;
   hooks.nodes = [p] { return p->LoadViews(); };
   hooks.set_hot = [p](const std::string& n, bool hot) {
     return p->SetHot(n, hot);
   };
   hooks.may_move = [p](const StructureView& v) { return p->MayMove(v); };
+  hooks.gpu = [p] { return p->gpu_directory->Rebalance(); };
   impl->rebalancer = Rebalancer::Start(options.rebalancer, std::move(hooks),
                                        impl->directory.get(), metrics);
   impl->liveness = std::thread([p] { p->LivenessLoop(); });

@@ -26,12 +26,24 @@ const char* MoveKindName(MoveKind k) {
       return "compute";
     case MoveKind::kInstance:
       return "instance";
+    case MoveKind::kGpu:
+      return "gpu";
   }
   return "?";
 }
 
 const char* MoveReasonName(MoveReason r) {
-  return r == MoveReason::kCpuHigh ? "cpu-high" : "memory-high";
+  switch (r) {
+    case MoveReason::kCpuHigh:
+      return "cpu-high";
+    case MoveReason::kMemoryHigh:
+      return "memory-high";
+    case MoveReason::kGpuRoom:
+      return "gpu-room";
+    case MoveReason::kGpuWanted:
+      return "gpu-wanted";
+  }
+  return "?";
 }
 
 const char* EventTypeName(RebalanceEvent::Type t) {
@@ -133,6 +145,35 @@ struct Rebalancer::Impl {
       Cpu(nodes, now);
       Memory(nodes, now);
       Settle(nodes, now);
+      if (hooks.gpu) Gpu();
+    }
+  }
+
+  // GPU proclets follow the work; each move (or failed try) is an event.
+  void Gpu() {
+    for (auto& step : hooks.gpu()) {
+      const MoveReason reason = step.why == GpuMoveWhy::kRoom
+                                    ? MoveReason::kGpuRoom
+                                    : MoveReason::kGpuWanted;
+      if (!step.move.ok()) {
+        Emit({.type = RebalanceEvent::Type::kStuck,
+              .reason = reason,
+              .subject = step.subject,
+              .detail = absl::StrCat(step.detail, "; the move failed: ",
+                                     step.move.status().message())});
+        continue;
+      }
+      const GpuMove& m = *step.move;
+      Emit({.type = RebalanceEvent::Type::kMove,
+            .reason = reason,
+            .kind = MoveKind::kGpu,
+            .node = m.from,
+            .to = absl::StrCat(m.to, " (", m.to_backend, ")"),
+            .subject = step.subject,
+            .amount = 1,
+            .ms = m.total_ms,
+            .detail = absl::StrFormat("%s; %s moved, launches paused %.2f ms",
+                                      step.detail, Mib(m.bytes), m.pause_ms)});
     }
   }
 

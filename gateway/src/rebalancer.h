@@ -5,7 +5,9 @@
 // node whose CPU is taken gets no new shares; its running ones finish within
 // one share, ~20 ms) and instances (new calls and the function's replicas go
 // to nodes with CPU to spare, where they start from the snapshot; nothing is
-// interrupted). Woken by every load pulse. What it decides is kept as events
+// interrupted), and GPU proclets (onto a GPU with room from CPU cores, or
+// an idle one's GPU to a busy one: GpuDirectory::Rebalance). Woken by every
+// load pulse. What it decides is kept as events
 // (GET /system/events, `silt events`) and counted in Prometheus.
 #ifndef SILT_GATEWAY_REBALANCER_H_
 #define SILT_GATEWAY_REBALANCER_H_
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "directory.h"
+#include "gpu_directory.h"
 
 namespace silt::gateway {
 
@@ -42,8 +45,13 @@ struct RebalancerOptions {
   size_t events_kept = 1000;
 };
 
-enum class MoveKind { kMemory, kCompute, kInstance };
-enum class MoveReason { kCpuHigh, kMemoryHigh };
+enum class MoveKind { kMemory, kCompute, kInstance, kGpu };
+enum class MoveReason {
+  kCpuHigh,
+  kMemoryHigh,
+  kGpuRoom,    // a GPU had room for a proclet on CPU cores
+  kGpuWanted,  // a busy proclet on CPU cores took an idle one's GPU
+};
 const char* MoveKindName(MoveKind k);
 const char* MoveReasonName(MoveReason r);
 
@@ -100,6 +108,8 @@ class Rebalancer {
     // Whether the structure's shards may move (no function that uses it is
     // pinned or opted out).
     std::function<bool(const StructureView&)> may_move;
+    // The GPU proclets' moves (unset: none).
+    std::function<std::vector<GpuRebalanceStep>()> gpu;
   };
   // `directory` and `metrics` (may be null) outlive the rebalancer.
   static std::unique_ptr<Rebalancer> Start(const RebalancerOptions& options,

@@ -4,7 +4,11 @@
 // validation. Nodes are described, not started: placement makes no RPC.
 #include "gpu_directory.h"
 
+#include <filesystem>
+
 #include "gtest/gtest.h"
+#include "store/secrets_key.h"
+#include "store/store.h"
 
 namespace silt::gateway {
 namespace {
@@ -69,12 +73,13 @@ TEST(GpuDirectoryTest, PlacesPreferredThenDowngradesThenFallsBackToTheCpu) {
 TEST(GpuDirectoryTest, MakesRoomByDowngradingProcletsTowardTheirMinimum) {
   std::vector<std::pair<std::string, uint64_t>> resized;
   uint64_t held_by_one = 100 * kMi;
-  GpuDirectory d(Nodes, [&](const GpuNode& holder, const GpuProcletView& p,
-                            uint64_t bytes, absl::Duration) {
-    resized.push_back({p.name, bytes});
-    return std::pair<uint64_t, uint64_t>{bytes,
-                                         p.name == "one" ? held_by_one : 0};
-  });
+  GpuDirectory d(Nodes, nullptr,
+                 {.resize = [&](const GpuNode& holder, const GpuProcletView& p,
+                                uint64_t bytes, absl::Duration) {
+                   resized.push_back({p.name, bytes});
+                   return std::pair<uint64_t, uint64_t>{
+                       bytes, p.name == "one" ? held_by_one : 0};
+                 }});
   const GpuNeeds needs{.min = 128 * kMi, .preferred = 768 * kMi};
   ASSERT_EQ(d.Open("ns", "f", "one", needs, "cpu")->node, "a");  // 768 of 1024
   ASSERT_EQ(d.Open("ns", "f", "two", needs, "cpu")->node, "b");  // 512 of 512
@@ -140,6 +145,153 @@ TEST(GpuDirectoryTest, ComputeCapabilityLimitsTheGpus) {
     EXPECT_FALSE(
         ParseGpuLabels({{"com.silt.gpu.compute-capability", bad}}).ok())
         << bad;
+}
+
+// The rebalancer's half: the GPU directory's moves, through its seam to the
+// nodes. `Moves` records them and answers as the source node would.
+struct Moves {
+  std::vector<std::string> made;  // "id node backend"
+  GpuDirectory::NodeCalls Calls() {
+    return {
+        .move = [this](const GpuNode& source, const GpuNode& target,
+                       const GpuProcletView& p,
+                       const std::string& backend) -> absl::StatusOr<GpuMove> {
+          made.push_back(p.id + " " + target.name + " " + backend);
+          return GpuMove{.from_backend = p.backend,
+                         .to_backend = backend,
+                         .bytes = p.memory_used};
+        }};
+  }
+};
+
+// What a node reports of one proclet; `busy_s` of device time so far.
+GpuProcletView Held(const GpuProcletView& placed, const std::string& backend,
+                    double busy_s) {
+  GpuProcletView v = placed;
+  v.backend = backend;
+  v.memory_used = v.memory_limit / 2;
+  v.busy_ns = static_cast<uint64_t>(busy_s * 1e9);
+  return v;
+}
+
+// Settled at once: every Rebalance may act on the latest reports.
+constexpr GpuRebalanceOptions kAtOnce{.settle = absl::ZeroDuration()};
+
+// A proclet placed on CPU cores for want of room moves onto a GPU once one
+// has room for it; until its node reported it twice (its use measured),
+// nothing moves.
+TEST(GpuDirectoryTest, AProcletOnCpuCoresMovesOntoAGpuWithRoom) {
+  Moves moves;
+  GpuDirectory d(Nodes, nullptr, moves.Calls(), kAtOnce);
+  const GpuNeeds big{.preferred = 1024 * kMi};
+  auto first = d.Open("ns", "f", "one", big, "cpu");
+  ASSERT_EQ(first->node, "a");
+  auto second = d.Open("ns", "g", "two", big, "cpu");
+  ASSERT_EQ(second->backend, "host");  // b has 512 MiB, it wants 1024
+  d.Report("cpu", {Held(*second, "host", 0)});
+  d.Report("a", {Held(*first, "cuda", 0)});
+  d.DropFunction("ns", "f");  // a's GPU is free now
+  EXPECT_TRUE(d.Rebalance().empty()) << "measured once only";
+  d.Report("cpu", {Held(*second, "host", 0)});
+  auto steps = d.Rebalance();
+  ASSERT_EQ(steps.size(), 1u);
+  ASSERT_TRUE(steps[0].move.ok()) << steps[0].move.status();
+  EXPECT_EQ(steps[0].why, GpuMoveWhy::kRoom);
+  EXPECT_EQ(moves.made, std::vector<std::string>{second->id + " a cuda"});
+  auto listed = d.List("ns");
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].node, "a");
+  EXPECT_EQ(listed[0].backend, "cuda");
+  EXPECT_TRUE(d.Rebalance().empty()) << "it stays until measured again";
+}
+
+// No GPU has room: a busy proclet on CPU cores takes the GPU of an idle one,
+// which goes to its node's CPU cores; one that is busy on its GPU keeps it.
+TEST(GpuDirectoryTest, AnIdleProcletGivesItsGpuToABusyOne) {
+  Moves moves;
+  GpuDirectory d(Nodes, nullptr, moves.Calls(), kAtOnce);
+  auto idle = d.Open("ns", "idle", "p", {.preferred = 1024 * kMi}, "cpu");
+  auto steady = d.Open("ns", "steady", "p", {.preferred = 512 * kMi}, "cpu");
+  auto busy = d.Open("ns", "busy", "p", {.preferred = 768 * kMi}, "cpu");
+  ASSERT_EQ(idle->node, "a");
+  ASSERT_EQ(steady->node, "b");
+  ASSERT_EQ(busy->backend, "host");
+  // Twice each: utilisation is device time between the last two reports
+  // (a second of it per report is all of the time: busy).
+  for (double t : {0.0, 1000.0}) {
+    d.Report("a", {Held(*idle, "cuda", 0)});
+    d.Report("b", {Held(*steady, "cuda", t / 10)});
+    d.Report("cpu", {Held(*busy, "host", t)});
+  }
+  auto steps = d.Rebalance();
+  ASSERT_EQ(steps.size(), 2u);
+  for (const auto& s : steps) {
+    EXPECT_TRUE(s.move.ok()) << s.move.status();
+    EXPECT_EQ(s.why, GpuMoveWhy::kWanted);
+  }
+  EXPECT_EQ(moves.made, (std::vector<std::string>{idle->id + " a host",
+                                                  busy->id + " a cuda"}))
+      << steps[0].detail;
+  EXPECT_NE(steps[0].detail.find("idle"), std::string::npos);
+  // Both just moved: nothing more until each is measured where it is now.
+  EXPECT_TRUE(d.Rebalance().empty());
+}
+
+// An operator's choices stay: a proclet moved by `silt proclets migrate` is
+// pinned where it was put, and a reclaimed GPU takes nothing (placement,
+// moves, the rebalancer) until released. Both outlive the gateway (the
+// store).
+TEST(GpuDirectoryTest, PinsAndReclaimsStayAcrossRestarts) {
+  const std::string dir = ::testing::TempDir() + "/gpu-directory-store";
+  std::filesystem::remove_all(dir);
+  auto store = store::Store::Open(
+      {.path = dir, .secrets_key = std::string(store::kSecretsKeyBytes, 'k')});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Moves moves;
+  const GpuNeeds small{.preferred = 128 * kMi};
+  std::string pinned_id;
+  {
+    GpuDirectory d(Nodes, store->get(), moves.Calls(), kAtOnce);
+    auto p = d.Open("ns", "f", "one", small, "cpu");
+    ASSERT_EQ(p->node, "a");
+    pinned_id = p->id;
+    ASSERT_TRUE(d.Migrate(p->id, "cpu", "").ok());  // by an operator
+    ASSERT_TRUE(d.Reclaim("b").ok());
+    EXPECT_TRUE(d.Reclaimed("b"));
+  }
+  GpuDirectory d(Nodes, store->get(), moves.Calls(), kAtOnce);
+  EXPECT_TRUE(d.Reclaimed("b"));
+  EXPECT_FALSE(d.Reclaimed("a"));
+  // Rebuilt from the nodes' reports, as after a gateway restart; the
+  // function's instances ask for it again.
+  GpuProcletView p{
+      .ns = "ns", .function = "f", .name = "one", .memory_limit = 128 * kMi};
+  d.Report("cpu", {Held(p, "host", 0)});
+  d.Report("cpu", {Held(p, "host", 0)});
+  ASSERT_EQ(d.Open("ns", "f", "one", small, "cpu")->node, "cpu");
+  moves.made.clear();
+  EXPECT_TRUE(d.Rebalance().empty()) << "pinned on CPU cores";
+  // b's GPU: not for placement nor for moves, until released.
+  auto other = d.Open("ns", "g", "two", {.preferred = 1024 * kMi}, "cpu");
+  ASSERT_EQ(other->node, "a");
+  auto third = d.Open("ns", "h", "three", small, "cpu");
+  EXPECT_EQ(third->backend, "host") << third->node;
+  auto to_b = d.Migrate(third->id, "b", "cuda");
+  EXPECT_EQ(to_b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(to_b.status().message().find("silt gpu release b"),
+            std::string::npos)
+      << to_b.status();
+  EXPECT_EQ(d.Release("a").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(d.Release("b").ok());
+  d.Report("cpu", {Held(p, "host", 0), Held(*third, "host", 0)});
+  d.Report("cpu", {Held(p, "host", 0), Held(*third, "host", 0)});
+  auto steps = d.Rebalance();
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(moves.made, std::vector<std::string>{third->id + " b cuda"});
+  // Deleting the function forgets its pin.
+  d.DropFunction("ns", "f");
+  EXPECT_TRUE((*store)->Scan(store::Table::kMeta, "gpu-pinned/")->empty());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(GpuDirectoryTest, LabelsAreQuantitiesInOrder) {
