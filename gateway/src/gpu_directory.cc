@@ -298,6 +298,11 @@ void GpuDirectory::Report(const std::string& node,
     keys.insert(key);
     Entry& e = entries_[key];
     if (e.moving) continue;  // the move's answer says where it went
+    // The directory put it elsewhere: this is a report from before a move
+    // (reports and a move's answer come on different streams). Once that
+    // node drops it, the other's claim is taken.
+    if (!e.view.id.empty() && !e.view.node.empty() && e.view.node != node)
+      continue;
     if (e.view.id.empty()) e.view.id = NewIdLocked();
     h.id = e.view.id;
     h.node = node;

@@ -205,6 +205,29 @@ TEST(GpuDirectoryTest, AProcletOnCpuCoresMovesOntoAGpuWithRoom) {
   EXPECT_TRUE(d.Rebalance().empty()) << "it stays until measured again";
 }
 
+// A node's report made before a move can arrive after the move's answer:
+// it neither takes the proclet back nor, once that node reports it gone,
+// forgets it (a new id, its moves lost).
+TEST(GpuDirectoryTest, AReportFromBeforeAMoveChangesNothing) {
+  Moves moves;
+  GpuDirectory d(Nodes, nullptr, moves.Calls());
+  auto p = d.Open("ns", "f", "one", {.preferred = 128 * kMi}, "cpu");
+  ASSERT_EQ(p->node, "a");
+  d.Report("a", {Held(*p, "cuda", 0)});
+  ASSERT_TRUE(d.Migrate(p->id, "b", "").ok());
+  d.Report("a", {Held(*p, "cuda", 1)});  // stale: from before the move
+  d.Report("a", {});
+  d.Report("b", {});  // nor one of the target's from before it took it
+  auto listed = d.List("");
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].id, p->id);
+  EXPECT_EQ(listed[0].node, "b");
+  EXPECT_EQ(listed[0].moves, 1u);
+  d.Report("b", {Held(*p, "cuda", 0)});
+  d.Report("b", {});  // now it is gone from b: forgotten
+  EXPECT_TRUE(d.List("").empty());
+}
+
 // No GPU has room: a busy proclet on CPU cores takes the GPU of an idle one,
 // which goes to its node's CPU cores; one that is busy on its GPU keeps it.
 TEST(GpuDirectoryTest, AnIdleProcletGivesItsGpuToABusyOne) {
