@@ -3,8 +3,8 @@
 // function's files: modules come as bytes, kLoadImage), so a GPU context,
 // or kernels run on the host backend, are isolated from every other
 // function's. On fd 3 it serves gpu::Proclet requests (silt/gpu_wire.h, no
-// state header) in order, each frame a u64 length and its bytes, until the
-// invoker closes the channel.
+// state header) in order, framed as gpu/channel.h says, until the invoker
+// closes the channel.
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,33 +15,10 @@
 #include <string_view>
 
 #include "gpu/backend.h"
+#include "gpu/channel.h"
 #include "gpu/proclet.h"
 
 namespace {
-
-bool ReadFull(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    ssize_t r = read(fd, c, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool WriteFull(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
 
 std::string_view Flag(int argc, char** argv, std::string_view name) {
   for (int i = 1; i < argc; ++i) {
@@ -77,15 +54,10 @@ int main(int argc, char** argv) {
   options.memory_limit = limit;
   Proclet proclet(std::move(backend), std::move(options));
   constexpr int kChannel = 3;
+  std::string request;
   for (;;) {
-    uint64_t n;
-    if (!ReadFull(kChannel, &n, sizeof(n))) return 0;  // the invoker is done
-    std::string request(n, '\0');
-    if (!ReadFull(kChannel, request.data(), n)) return 0;
-    std::string reply = proclet.Serve(request);
-    uint64_t m = reply.size();
-    if (!WriteFull(kChannel, &m, sizeof(m)) ||
-        !WriteFull(kChannel, reply.data(), reply.size()))
-      return 0;
+    // Until the invoker is done (it closes the channel).
+    if (!ReadFrame(kChannel, &request)) return 0;
+    if (!WriteFrame(kChannel, {proclet.Serve(request)})) return 0;
   }
 }
