@@ -732,6 +732,10 @@ std::vector<GpuDirectory::PlannedMove> GpuDirectory::RebalancePlanLocked(
 }
 
 std::vector<GpuRebalanceStep> GpuDirectory::Rebalance() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (entries_.empty()) return {};  // every pulse wakes this
+  }
   const std::vector<GpuNode> nodes = nodes_();
   std::vector<GpuRebalanceStep> steps;
   // A few steps per call: each is planned on what the nodes reported, and
