@@ -180,21 +180,13 @@ constexpr uint64_t kPage = 4096;
 // Runs this small are copied: a mapping costs a VMA and ~5 us.
 constexpr uint64_t kMapMinBytes = 64 << 10;
 
-}  // namespace
-
-absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& dir) {
-  // One process, one thread.
-  auto pstree = ReadImage(dir, "pstree.img");
-  if (!pstree.ok()) return pstree.status();
-  if (pstree->entries.size() != 1) return Refuse("several processes");
-  auto pe = Msg::Parse(pstree->entries[0]);
-  if (!pe.ok()) return pe.status();
-  if (pe->Us(5).size() != 1) return Refuse("several threads");
-  uint64_t pid = pe->U(1);
-  std::string p = std::to_string(pid);
-  std::vector<Image> keep;
-
-  auto core = ReadOne(dir, "core-" + p + ".img", &keep);
+// The task's state: registers, signal handlers and mask, rseq, the alternate
+// stack; refused for what the fast path does not restore (timers, pending
+// signals, 32-bit or stopped tasks).
+absl::Status PlanTask(const std::string& dir, const std::string& p,
+                      std::vector<Image>* keep, PlanHeader* h,
+                      std::vector<PlanSigaction>* sigacts) {
+  auto core = ReadOne(dir, "core-" + p + ".img", keep);
   if (!core.ok()) return core.status();
   if (core->U(1) != 1) return Refuse("not x86-64");
   auto ti = core->Sub(2), tc = core->Sub(3), th = core->Sub(5);
@@ -221,59 +213,54 @@ absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& dir) {
     if (q.ok() && !q->Bs(1).empty()) return Refuse("pending signals");
   }
 
-  std::string out(sizeof(PlanHeader), '\0');
-  PlanHeader h;
-  memset(&h, 0, sizeof(h));
-  h.magic = kPlanMagic;
   const uint32_t order[18] = {10, 9, 8, 7,  4,  3,  2,  1,  15,
                               14, 5, 6, 13, 11, 12, 20, 17, 19};
-  for (int i = 0; i < 18; ++i) h.gpr[i] = gp->U(order[i]);
-  h.cs = gp->U(18);
-  h.ss = gp->U(21);
-  h.fs_base = gp->U(22);
-  h.gs_base = gp->U(23);
+  for (int i = 0; i < 18; ++i) h->gpr[i] = gp->U(order[i]);
+  h->cs = gp->U(18);
+  h->ss = gp->U(21);
+  h->fs_base = gp->U(22);
+  h->gs_base = gp->U(23);
   uint16_t w16[4] = {
       static_cast<uint16_t>(fp->U(1)), static_cast<uint16_t>(fp->U(2)),
       static_cast<uint16_t>(fp->U(3)), static_cast<uint16_t>(fp->U(4))};
-  memcpy(h.fxsave, w16, 8);
+  memcpy(h->fxsave, w16, 8);
   uint64_t rip = fp->U(5), rdp = fp->U(6);
-  memcpy(h.fxsave + 8, &rip, 8);
-  memcpy(h.fxsave + 16, &rdp, 8);
+  memcpy(h->fxsave + 8, &rip, 8);
+  memcpy(h->fxsave + 16, &rdp, 8);
   uint32_t mx[2] = {static_cast<uint32_t>(fp->U(7)),
                     static_cast<uint32_t>(fp->U(8))};
-  memcpy(h.fxsave + 24, mx, 8);
+  memcpy(h->fxsave + 24, mx, 8);
   auto st = fp->Us(9), xmm = fp->Us(10);
   if (st.size() != 32 || xmm.size() != 64)
     return absl::DataLossError("core image has a short FPU state");
   for (int i = 0; i < 32; ++i) {
     uint32_t v = static_cast<uint32_t>(st[i]);
-    memcpy(h.fxsave + 32 + 4 * i, &v, 4);
+    memcpy(h->fxsave + 32 + 4 * i, &v, 4);
   }
   for (int i = 0; i < 64; ++i) {
     uint32_t v = static_cast<uint32_t>(xmm[i]);
-    memcpy(h.fxsave + 160 + 4 * i, &v, 4);
+    memcpy(h->fxsave + 160 + 4 * i, &v, 4);
   }
-  h.blocked = th->Has(6) ? th->U(6) : tc->U(5);
-  h.clear_tid = ti->U(1);
-  h.robust_list = th->U(1);
-  h.robust_len = th->U(2);
+  h->blocked = th->Has(6) ? th->U(6) : tc->U(5);
+  h->clear_tid = ti->U(1);
+  h->robust_list = th->U(1);
+  h->robust_len = th->U(2);
   if (th->Has(15)) {
     auto rs = th->Sub(15);
     if (!rs.ok()) return rs.status();
-    h.rseq = rs->U(1);
-    h.rseq_len = rs->U(2);
-    h.rseq_sig = rs->U(3);
+    h->rseq = rs->U(1);
+    h->rseq_len = rs->U(2);
+    h->rseq_sig = rs->U(3);
     if (rs->U(4)) return Refuse("inside an rseq critical section");
   }
-  h.sas_flags = 2;  // SS_DISABLE
+  h->sas_flags = 2;  // SS_DISABLE
   if (th->Has(7)) {
     auto sas = th->Sub(7);
     if (!sas.ok()) return sas.status();
-    h.sas_sp = sas->U(1);
-    h.sas_size = sas->U(2);
-    h.sas_flags = sas->U(3);
+    h->sas_sp = sas->U(1);
+    h->sas_size = sas->U(2);
+    h->sas_flags = sas->U(3);
   }
-  std::vector<PlanSigaction> sigacts;
   auto sas = tc->Bs(15);
   for (size_t i = 0; i < sas.size(); ++i) {
     auto sa = Msg::Parse(sas[i]);
@@ -281,15 +268,25 @@ absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& dir) {
     uint64_t signo = i + 1;
     if (signo == 9 || signo == 19 || sa->U(1) == 0) continue;  // SIG_DFL
     if (sa->U(5)) return Refuse("compat sigaction");
-    sigacts.push_back({signo, sa->U(1), sa->U(2), sa->U(3), sa->U(4)});
+    sigacts->push_back({signo, sa->U(1), sa->U(2), sa->U(3), sa->U(4)});
   }
+  return absl::OkStatus();
+}
 
-  // Files: only /dev/null may be open, on 0, 1, 2.
-  auto ids = ReadOne(dir, "ids-" + p + ".img", &keep);
+// The regular files the task knows, by id: path and size.
+using RegularFiles = std::map<uint64_t, std::pair<std::string, uint64_t>>;
+
+// Its files: only /dev/null may be open, on 0, 1, 2; the root is "/", the
+// working directory goes into `h`.
+absl::StatusOr<RegularFiles> PlanFiles(const std::string& dir,
+                                       const std::string& p,
+                                       std::vector<Image>* keep,
+                                       PlanHeader* h) {
+  auto ids = ReadOne(dir, "ids-" + p + ".img", keep);
   if (!ids.ok()) return ids.status();
   auto files = ReadImage(dir, "files.img");
   if (!files.ok()) return files.status();
-  std::map<uint64_t, std::pair<std::string, uint64_t>> reg;  // id -> name,size
+  RegularFiles reg;
   for (auto e : files->entries) {
     auto fe = Msg::Parse(e);
     if (!fe.ok()) return fe.status();
@@ -307,37 +304,42 @@ absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& dir) {
     if (fd->U(4) > 2 || it == reg.end() || it->second.first != "/dev/null")
       return Refuse("open files");
   }
-  auto fs = ReadOne(dir, "fs-" + p + ".img", &keep);
+  auto fs = ReadOne(dir, "fs-" + p + ".img", keep);
   if (!fs.ok()) return fs.status();
   auto cwd = reg.find(fs->U(1)), root = reg.find(fs->U(2));
   if (cwd == reg.end() || root == reg.end() || root->second.first != "/" ||
-      cwd->second.first.size() >= sizeof(h.cwd))
+      cwd->second.first.size() >= sizeof(h->cwd))
     return Refuse("unusual root or working directory");
-  memcpy(h.cwd, cwd->second.first.data(), cwd->second.first.size());
+  memcpy(h->cwd, cwd->second.first.data(), cwd->second.first.size());
+  return reg;
+}
 
-  // Memory.
-  auto mm = ReadOne(dir, "mm-" + p + ".img", &keep);
+// The memory layout: mm's fields into `h`, and the mappings (private
+// anonymous or private file mappings only; the vDSO and vvar are noted, the
+// live ones are used).
+absl::Status PlanMappings(const std::string& dir, const std::string& p,
+                          std::vector<Image>* keep, const RegularFiles& reg,
+                          PlanHeader* h, std::vector<PlanVma>* vmas,
+                          std::vector<PlanFile>* plan_files, FastPlan* plan) {
+  auto mm = ReadOne(dir, "mm-" + p + ".img", keep);
   if (!mm.ok()) return mm.status();
   if (!mm->Bs(16).empty()) return Refuse("AIO rings");
-  h.start_code = mm->U(1);
-  h.end_code = mm->U(2);
-  h.start_data = mm->U(3);
-  h.end_data = mm->U(4);
-  h.start_stack = mm->U(5);
-  h.start_brk = mm->U(6);
-  h.brk = mm->U(7);
-  h.arg_start = mm->U(8);
-  h.arg_end = mm->U(9);
-  h.env_start = mm->U(10);
-  h.env_end = mm->U(11);
+  h->start_code = mm->U(1);
+  h->end_code = mm->U(2);
+  h->start_data = mm->U(3);
+  h->end_data = mm->U(4);
+  h->start_stack = mm->U(5);
+  h->start_brk = mm->U(6);
+  h->brk = mm->U(7);
+  h->arg_start = mm->U(8);
+  h->arg_end = mm->U(9);
+  h->env_start = mm->U(10);
+  h->env_end = mm->U(11);
   auto auxv = mm->Us(13);
   if (auxv.size() > 64) return Refuse("long auxv");
-  h.auxv_n = static_cast<uint32_t>(auxv.size());
-  for (size_t i = 0; i < auxv.size(); ++i) h.auxv[i] = auxv[i];
+  h->auxv_n = static_cast<uint32_t>(auxv.size());
+  for (size_t i = 0; i < auxv.size(); ++i) h->auxv[i] = auxv[i];
 
-  std::vector<PlanVma> vmas;
-  std::vector<PlanFile> plan_files;
-  FastPlan plan;
   std::map<uint64_t, int32_t> file_index;
   for (auto e : mm->Bs(14)) {
     auto v = Msg::Parse(e);
@@ -348,13 +350,13 @@ absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& dir) {
       return Refuse("a mapping where silt-restorer lives");
     if (status & kAreaVsyscall) continue;
     if (status & kAreaVdso) {
-      h.vdso_start = start;
-      h.vdso_end = end;
+      h->vdso_start = start;
+      h->vdso_end = end;
       continue;
     }
     if (status & kAreaVvar) {
-      h.vvar_start = start;
-      h.vvar_end = end;
+      h->vvar_start = start;
+      h->vvar_end = end;
       continue;
     }
     if ((status & (kUnusual | kFileShared | kAnonShared)) ||
@@ -372,31 +374,41 @@ absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& dir) {
       auto it = reg.find(v->U(4));
       if (it == reg.end()) return absl::DataLossError("mapped file not found");
       auto [fi, added] = file_index.try_emplace(
-          v->U(4), static_cast<int32_t>(plan_files.size()));
+          v->U(4), static_cast<int32_t>(plan_files->size()));
       if (added) {
         PlanFile f{};
         if (it->second.first.size() >= sizeof(f.path))
           return Refuse("long path");
         memcpy(f.path, it->second.first.data(), it->second.first.size());
         f.size = it->second.second;
-        plan_files.push_back(f);
-        plan.mapped_files.push_back(it->second.first);
+        plan_files->push_back(f);
+        plan->mapped_files.push_back(it->second.first);
       }
       pv.file = fi->second;
       pv.flags &= ~MAP_ANONYMOUS;
     } else if (!(status & kAnonPrivate)) {
       return Refuse(absl::StrCat("mapping kind ", absl::Hex(status)));
     }
-    vmas.push_back(pv);
+    vmas->push_back(pv);
   }
+  return absl::OkStatus();
+}
 
-  // Pages: each present pagemap entry's pages follow in pages-N.img.
+// The pages: each present pagemap entry's pages follow in pages-N.img, as
+// runs within one mapping each; small runs (and those of stacks) are copied,
+// the rest mapped.
+absl::StatusOr<std::vector<PlanRun>> PlanPages(const std::string& dir,
+                                               const std::string& p,
+                                               const PlanHeader& h,
+                                               std::vector<PlanVma>* plan_vmas,
+                                               FastPlan* plan) {
+  std::vector<PlanVma>& vmas = *plan_vmas;
   auto pagemap = ReadImage(dir, "pagemap-" + p + ".img");
   if (!pagemap.ok()) return pagemap.status();
   if (pagemap->entries.empty()) return absl::DataLossError("empty pagemap");
   auto head = Msg::Parse(pagemap->entries[0]);
   if (!head.ok()) return head.status();
-  plan.pages_file = absl::StrCat(dir, "/pages-", head->U(1), ".img");
+  plan->pages_file = absl::StrCat(dir, "/pages-", head->U(1), ".img");
   std::vector<PlanRun> runs;
   uint64_t offset = 0;
   size_t vi = 0;
@@ -436,7 +448,40 @@ absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& dir) {
     r.map = r.len >= kMapMinBytes && !(vmas[r.vma].flags & MAP_GROWSDOWN);
     if (!r.map) vmas[r.vma].copy = 1;
   }
+  return runs;
+}
 
+}  // namespace
+
+absl::StatusOr<FastPlan> BuildRestorePlan(const std::string& dir) {
+  // One process, one thread.
+  auto pstree = ReadImage(dir, "pstree.img");
+  if (!pstree.ok()) return pstree.status();
+  if (pstree->entries.size() != 1) return Refuse("several processes");
+  auto pe = Msg::Parse(pstree->entries[0]);
+  if (!pe.ok()) return pe.status();
+  if (pe->Us(5).size() != 1) return Refuse("several threads");
+  const std::string p = std::to_string(pe->U(1));
+  std::vector<Image> keep;
+
+  PlanHeader h;
+  memset(&h, 0, sizeof(h));
+  h.magic = kPlanMagic;
+  std::vector<PlanSigaction> sigacts;
+  if (auto s = PlanTask(dir, p, &keep, &h, &sigacts); !s.ok()) return s;
+  auto reg = PlanFiles(dir, p, &keep, &h);
+  if (!reg.ok()) return reg.status();
+  FastPlan plan;
+  std::vector<PlanVma> vmas;
+  std::vector<PlanFile> plan_files;
+  if (auto s = PlanMappings(dir, p, &keep, *reg, &h, &vmas, &plan_files, &plan);
+      !s.ok())
+    return s;
+  auto planned_runs = PlanPages(dir, p, h, &vmas, &plan);
+  if (!planned_runs.ok()) return planned_runs.status();
+  const std::vector<PlanRun>& runs = *planned_runs;
+
+  std::string out(sizeof(PlanHeader), '\0');
   h.n_vmas = static_cast<uint32_t>(vmas.size());
   h.n_runs = static_cast<uint32_t>(runs.size());
   h.n_files = static_cast<uint32_t>(plan_files.size());
