@@ -223,8 +223,27 @@ std::string Proclet::Serve(std::string_view request) {
     }
     case GpuOp::kResume:
       paused_ = false;
-      MarkAllWritten();  // the next move copies everything again
+      MarkAllWritten();           // the next move copies everything again
+      if (!moving_to_.empty()) {  // called off: callers are told
+        moving_to_.clear();
+        moving_to_device_.clear();
+        moving_to_limit_ = 0;
+        ++generation_;
+      }
       return Reply(StateCode::kOk);
+    case GpuOp::kMoving: {
+      std::string_view backend, device;
+      uint64_t limit;
+      if (!r.Str(&backend) || !r.Str(&device) || !r.U64(&limit))
+        return Reply(Malformed("Moving"));
+      if (backend.empty() && moving_to_.empty())
+        return Reply(StateCode::kOk);  // nothing to call off
+      moving_to_ = backend;
+      moving_to_device_ = backend.empty() ? std::string_view() : device;
+      moving_to_limit_ = backend.empty() ? 0 : limit;
+      ++generation_;
+      return Reply(StateCode::kOk);
+    }
   }
   return Reply(StateCode::kInvalid,
                absl::StrCat("unknown GPU operation ", op_byte));
@@ -253,6 +272,9 @@ std::string Proclet::Info() {
   w.U64(generation_);
   w.U64(pending_limit_);
   w.U64(busy_ns_);
+  w.Str(moving_to_);
+  w.Str(moving_to_device_);
+  w.U64(moving_to_limit_);
   return out;
 }
 

@@ -39,7 +39,16 @@ std::string GpuProclets::AdoptPeer(wire::Reader& r, PeerStream& stream) {
     return Reply(
         StateCode::kUnavailable,
         absl::StrCat("starting the GPU proclet here: ", p.status().message()));
-  if (!stream.reply(Reply(StateCode::kOk)).ok()) return {};
+  // Started: which backend and device it got (the source's callbacks hear
+  // of them before the move ends).
+  {
+    GpuProcletInfo started = (*p)->Info();
+    std::string ready = Reply(StateCode::kOk);
+    wire::Writer w(&ready);
+    w.Str(started.backend);
+    w.Str(started.device);
+    if (!stream.reply(ready).ok()) return {};
+  }
   // Its state's parts, each into the process as it comes; the first failure
   // is the commit's answer. Until then nobody calls it, and it ends (with
   // *p) if the source gives up.
@@ -98,6 +107,7 @@ std::string GpuProclets::AdoptPeer(wire::Reader& r, PeerStream& stream) {
 // another backend of this node), or a peer's data port (kGpuAdopt).
 struct GpuProclets::MoveTarget {
   std::string address;
+  std::string backend, device;  // what its process runs on
   std::shared_ptr<Proclet> local;
   std::unique_ptr<PeerConn> conn;
   absl::Status failed;  // the first part the local process refused
@@ -111,6 +121,9 @@ absl::Status GpuProclets::BeginMove(const Proclet& p, const std::string& target,
     auto q = Start(p.ns, p.function, p.name, p.memory_limit, backend);
     if (!q.ok()) return q.status();
     to->local = *std::move(q);
+    GpuProcletInfo started = to->local->Info();
+    to->backend = started.backend;
+    to->device = started.device;
     return absl::OkStatus();
   }
   to->conn = peers_.Take(target);
@@ -133,6 +146,12 @@ absl::Status GpuProclets::BeginMove(const Proclet& p, const std::string& target,
     return absl::FailedPreconditionError(
         absl::StrCat("the target cannot host the GPU proclet: ",
                      Sv(std::string_view(reply).substr(1))));
+  wire::Reader r(std::string_view(reply).substr(1));
+  std::string_view started_backend, started_device;
+  if (r.Str(&started_backend) && r.Str(&started_device)) {
+    to->backend = started_backend;
+    to->device = started_device;
+  }
   return absl::OkStatus();
 }
 
@@ -226,6 +245,30 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
   m.bytes = from.memory_used;
   MoveTarget to;
   if (auto s = BeginMove(*p, target, backend, &to); !s.ok()) return s;
+  // The function's reconfiguration callbacks hear of the move before it
+  // ends (kMoving); one called off is undone (kResume undoes it in the
+  // pause).
+  {
+    std::string moving(1, static_cast<char>(GpuOp::kMoving));
+    wire::Writer w(&moving);
+    w.Str(to.backend.empty() ? backend : to.backend);
+    w.Str(to.device);
+    w.U64(p->memory_limit);
+    p->Exchange(moving);
+  }
+  struct CallOff {
+    Proclet& p;
+    bool moved = false;
+    ~CallOff() {
+      if (moved) return;
+      std::string off(1, static_cast<char>(GpuOp::kMoving));
+      wire::Writer w(&off);
+      w.Str("");
+      w.Str("");
+      w.U64(0);
+      p.Exchange(off);
+    }
+  } call_off{*p};
 
   // Parts a pass may take: its allocation's worth and one per buffer, with
   // room to spare; a proclet that keeps answering "not done" is stuck.
@@ -321,6 +364,7 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
     p->channel = -1;
     ended = std::move(p->proc);
     m.pause_ms = MsSince(start);
+    call_off.moved = true;
   }
   ended.reset();  // its process, killed and reaped with nobody waiting
   return m;

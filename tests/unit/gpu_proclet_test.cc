@@ -481,7 +481,23 @@ TEST_P(GpuProcletTest, ReconfigurationCallbacksSeeResizes) {
   EXPECT_EQ(info->memory_limit, 4u << 20);
   EXPECT_EQ(info->memory_used, 1u << 20);
   EXPECT_EQ(gpu.Alloc("again", 8 << 20).code(), StateCode::kTooLarge);
-  // A move is a change too.
+  // A move is a change too: the callback hears of it while it is under way
+  // (the invoker's kMoving, before the pre-copy)...
+  auto moving = [](std::string_view backend, uint64_t limit) {
+    std::string req(1, char(wire::GpuOp::kMoving));
+    wire::Writer w(&req);
+    w.Str(backend);
+    w.Str(backend.empty() ? "" : "the target's CPU");
+    w.U64(limit);
+    return req;
+  };
+  ASSERT_EQ(proclet_->Serve(moving("host", 4 << 20))[0], 0);
+  ASSERT_TRUE(gpu.Info().ok());
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_EQ(seen[3].moving_to, "host");
+  EXPECT_EQ(seen[3].moving_to_device, "the target's CPU");
+  EXPECT_EQ(seen[3].moving_to_limit, 4u << 20);
+  // ... and once it is done, on the target.
   std::string state =
       proclet_->Serve(std::string(1, char(wire::GpuOp::kExtract)));
   ASSERT_EQ(state[0], 0);
@@ -491,14 +507,35 @@ TEST_P(GpuProcletTest, ReconfigurationCallbacksSeeResizes) {
   ASSERT_EQ(to.Serve(inject)[0], 0);
   host_.proclet = &to;
   ASSERT_TRUE(gpu.Info().ok());
-  ASSERT_EQ(seen.size(), 4u);
-  EXPECT_EQ(seen[3].backend, "host");
-  EXPECT_GT(seen[3].generation, seen[2].generation);
+  ASSERT_EQ(seen.size(), 5u);
+  EXPECT_EQ(seen[4].backend, "host");
+  EXPECT_TRUE(seen[4].moving_to.empty());
+  EXPECT_GT(seen[4].generation, seen[3].generation);
   // A kSince inside a kSince is malformed.
   std::string wrapped(1, char(wire::GpuOp::kSince));
-  wire::Writer(&wrapped).U64(seen[3].generation);
+  wire::Writer(&wrapped).U64(seen[4].generation);
   wrapped.push_back(char(wire::GpuOp::kSince));
   EXPECT_EQ(to.Serve(wrapped)[0], char(StateCode::kInvalid));
+  // A move called off (kResume after the pause, as here, or kMoving with
+  // no backend before it) is a change back.
+  ASSERT_EQ(to.Serve(moving("cuda", 4 << 20))[0], 0);
+  ASSERT_TRUE(gpu.Info().ok());
+  ASSERT_EQ(seen.size(), 6u);
+  EXPECT_EQ(seen[5].moving_to, "cuda");
+  ASSERT_EQ(to.Serve(std::string(1, char(wire::GpuOp::kExtract)))[0], 0);
+  ASSERT_EQ(to.Serve(std::string(1, char(wire::GpuOp::kResume)))[0], 0);
+  ASSERT_TRUE(gpu.Info().ok());
+  ASSERT_EQ(seen.size(), 7u);
+  EXPECT_TRUE(seen[6].moving_to.empty());
+  ASSERT_EQ(to.Serve(moving("host", 4 << 20))[0], 0);
+  ASSERT_EQ(to.Serve(moving("", 0))[0], 0);
+  ASSERT_TRUE(gpu.Info().ok());
+  ASSERT_EQ(seen.size(), 8u);
+  EXPECT_TRUE(seen[7].moving_to.empty());
+  // Calling off what is not under way changes nothing.
+  ASSERT_EQ(to.Serve(moving("", 0))[0], 0);
+  ASSERT_TRUE(gpu.Info().ok());
+  EXPECT_EQ(seen.size(), 8u);
   host_.proclet = proclet_.get();
 }
 

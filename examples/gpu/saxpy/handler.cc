@@ -3,8 +3,9 @@
 // calls the proclet has served (it outlives instances and moves with it).
 // Its x-N and y-N buffers are scratch (rewritten by every call): asked to
 // shrink (silt gpu resize, or a downgrade toward com.silt.gpu.min-memory),
-// its reconfiguration callback frees those of other sizes than its call's
-// (a call of another instance using them at that moment fails and may be
+// or told that its proclet is being moved (less to copy), its
+// reconfiguration callback frees those of other sizes than its call's (a
+// call of another instance using them at that moment fails and may be
 // retried), and calls make them again within the new allocation, which the
 // answer shows (limit=).
 #include <silt/function.h>
@@ -20,8 +21,9 @@ namespace {
 thread_local std::string in_use;
 
 void Reconfigure(silt::Gpu& gpu, const silt::GpuInfo& now) {
-  if (now.pending_limit == 0) return;  // moved or resized: nothing to adapt
-  auto held = gpu.Buffers();           // whichever instance made them
+  // Resized or moved already: nothing to adapt.
+  if (now.pending_limit == 0 && now.moving_to.empty()) return;
+  auto held = gpu.Buffers();  // whichever instance made them
   if (!held.ok()) return;
   for (const silt::GpuBuffer& b : *held)
     if ((b.name.rfind("x-", 0) == 0 || b.name.rfind("y-", 0) == 0) &&

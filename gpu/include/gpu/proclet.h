@@ -94,7 +94,10 @@ class Proclet {
   // A launch on a GPU (asynchronous) is in flight since then (0: none).
   int64_t in_flight_since_ns_ = 0;
   uint64_t pending_limit_ = 0;  // asked to shrink to this (0: not)
-  bool paused_ = false;         // after kExtract, until kInject or kResume
+  // A move under way (kMoving): where to ("": none).
+  std::string moving_to_, moving_to_device_;
+  uint64_t moving_to_limit_ = 0;
+  bool paused_ = false;  // after kExtract, until kInject or kResume
   // A pre-copy pass: the buffer it copies next, and from where ("" and 0:
   // the pass is done; the next kPrecopy begins another).
   std::string precopy_buffer_;

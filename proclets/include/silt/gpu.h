@@ -31,9 +31,11 @@
 //   });
 //
 // It runs once with the proclet's current state (the first call after it
-// is registered), then after every change, and when the proclet is asked to
-// shrink (before the change: pending_limit is the allocation to come; a
-// resize waits a few seconds for the Frees, and fails if they do not come).
+// is registered), then after every change, and before some: when the
+// proclet is asked to shrink (pending_limit is the allocation to come; a
+// resize waits a few seconds for the Frees, and fails if they do not come)
+// and while it is being moved (moving_to says where; the callback runs
+// again once it is there).
 #ifndef SILT_GPU_H_
 #define SILT_GPU_H_
 
@@ -66,6 +68,12 @@ struct GpuInfo {
   // Non-zero: it is asked to shrink to this allocation; until Frees bring it
   // there, new Allocs count against it.
   uint64_t pending_limit = 0;
+  // Non-empty while a move is under way: the backend ("cuda", "host") and
+  // device it is moving to, and its allocation there. The callback hears of
+  // it before the move ends (it may Free what need not go along, or get
+  // ready for the device to come), and again after, on the new device.
+  std::string moving_to, moving_to_device;
+  uint64_t moving_to_limit = 0;
 };
 
 class Gpu;
@@ -289,6 +297,13 @@ class Gpu {
       return false;
     i->backend = backend;
     i->device = device;
+    uint64_t busy_ns;
+    std::string_view moving_to, moving_to_device;
+    if (r.U64(&busy_ns) && r.Str(&moving_to) && r.Str(&moving_to_device) &&
+        r.U64(&i->moving_to_limit)) {
+      i->moving_to = moving_to;
+      i->moving_to_device = moving_to_device;
+    }
     return true;
   }
 

@@ -25,7 +25,10 @@ enum class GpuOp : uint8_t {
   //    (bumped by every move and resize), u64 pending_limit (0, or the
   //    allocation it is asked to shrink to: Free buffers down to it), u64
   //    busy_ns (the device ran its launches this long, since its process
-  //    began; on a GPU, from a launch to the next point that waits for it)
+  //    began; on a GPU, from a launch to the next point that waits for it),
+  //    str moving_to, str moving_to_device, u64 moving_to_limit (a move
+  //    under way: the backend, device and allocation it is going to; ""
+  //    when none is)
   kInfo = 1,
   // str buffer, u64 bytes -> u64 bytes. Creates the buffer (zeroed) or
   // returns the one of that name; kInvalid when it exists with another size,
@@ -74,6 +77,11 @@ enum class GpuOp : uint8_t {
   // (pending_limit meanwhile; new Allocs count against it); a limit it holds
   // less than cancels a pending one. Bumps the generation either way.
   kSetLimit = 25,
+  // str backend, str device, u64 memory_limit: a move there has begun (the
+  // reconfiguration callbacks hear of it before it ends, from kInfo's
+  // moving_to fields); an empty backend: it was called off (as kResume
+  // does). Bumps the generation.
+  kMoving = 26,
 };
 
 // A GpuState: u32 magic kGpuStateMagic, then records to its end:
@@ -102,7 +110,8 @@ inline constexpr uint64_t kGpuChunkBytes = 16u << 20;
 inline bool IsInvokerOnly(GpuOp op) {
   return op == GpuOp::kExtract || op == GpuOp::kInject ||
          op == GpuOp::kResume || op == GpuOp::kPrecopy ||
-         op == GpuOp::kSetLimit || op == GpuOp::kLoadImage;
+         op == GpuOp::kSetLimit || op == GpuOp::kLoadImage ||
+         op == GpuOp::kMoving;
 }
 
 // Kernel names: C identifiers (PTX entry names), 1-255 characters.
