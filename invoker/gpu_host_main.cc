@@ -5,12 +5,8 @@
 // function's. On fd 3 it serves gpu::Proclet requests (silt/gpu_wire.h, no
 // state header) in order, framed as gpu/channel.h says, until the invoker
 // closes the channel.
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <string_view>
 

@@ -62,14 +62,19 @@ GpuDirectory::GpuDirectory(NodeSource nodes, store::Store* store,
   }
 }
 
-void GpuDirectory::PersistPin(const std::string& key, bool pinned) {
-  if (store_ == nullptr) return;
+absl::Status GpuDirectory::Keep(absl::string_view prefix,
+                                const std::string& name, bool kept) {
+  if (store_ == nullptr) return absl::OkStatus();
   store::WriteBatch b;
-  if (pinned)
-    b.Put(store::Table::kMeta, absl::StrCat(kPinnedPrefix, key), "");
+  if (kept)
+    b.Put(store::Table::kMeta, absl::StrCat(prefix, name), "");
   else
-    b.Delete(store::Table::kMeta, absl::StrCat(kPinnedPrefix, key));
-  if (auto st = store_->Write(b); !st.ok())
+    b.Delete(store::Table::kMeta, absl::StrCat(prefix, name));
+  return store_->Write(b);
+}
+
+void GpuDirectory::PersistPin(const std::string& key, bool pinned) {
+  if (auto st = Keep(kPinnedPrefix, key, pinned); !st.ok())
     fprintf(stderr, "silt-gateway: keeping GPU proclet %s's pin: %s\n",
             key.c_str(), std::string(st.message()).c_str());
 }
@@ -154,9 +159,7 @@ absl::StatusOr<GpuNeeds> ParseGpuLabels(
 std::map<std::string, uint64_t> GpuDirectory::PromisedLocked() const {
   std::map<std::string, uint64_t> promised;
   for (const auto& [k, e] : entries_)
-    if (e.view.backend != "host")
-      promised[e.view.node] +=
-          std::max(e.view.memory_limit, e.view.memory_used);
+    if (e.view.backend != "host") promised[e.view.node] += Held(e.view);
   return promised;
 }
 
@@ -502,8 +505,7 @@ absl::StatusOr<GpuProcletView> GpuDirectory::Resize(const std::string& id,
     // On a GPU: within what it has besides its other proclets' allocations.
     const GpuNode* n = FindNode(nodes, view.node);
     if (view.backend == "cuda" && n != nullptr && n->gpu_memory > 0) {
-      const uint64_t others = PromisedLocked()[n->name] -
-                              std::max(view.memory_limit, view.memory_used);
+      const uint64_t others = PromisedLocked()[n->name] - Held(view);
       const uint64_t room = n->gpu_memory > others ? n->gpu_memory - others : 0;
       if (bytes > room)
         return absl::FailedPreconditionError(absl::StrCat(
@@ -603,11 +605,8 @@ absl::StatusOr<std::vector<GpuMove>> GpuDirectory::Reclaim(
     absl::MutexLock lock(&mu_);
     newly = reclaimed_.insert(node).second;
   }
-  if (newly && store_ != nullptr) {
-    store::WriteBatch b;
-    b.Put(store::Table::kMeta, absl::StrCat(kReclaimedPrefix, node), "");
-    if (auto st = store_->Write(b); !st.ok()) return st;
-  }
+  if (newly)
+    if (auto st = Keep(kReclaimedPrefix, node, true); !st.ok()) return st;
   std::vector<GpuMove> moves;
   for (;;) {
     std::string id, target, backend = "host";
@@ -649,10 +648,7 @@ absl::Status GpuDirectory::Release(const std::string& node) {
       return absl::NotFoundError(absl::StrCat(
           "node ", node, "'s GPU is not reclaimed (see silt gpu list)"));
   }
-  if (store_ == nullptr) return absl::OkStatus();
-  store::WriteBatch b;
-  b.Delete(store::Table::kMeta, absl::StrCat(kReclaimedPrefix, node));
-  return store_->Write(b);
+  return Keep(kReclaimedPrefix, node, false);
 }
 
 bool GpuDirectory::Reclaimed(const std::string& node) {

@@ -32,6 +32,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -225,6 +226,9 @@ class GpuDirectory {
   std::vector<PlannedMove> RebalancePlanLocked(
       const std::vector<GpuNode>& nodes, Clock::time_point now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps (or forgets) `prefix`+`name` in the store.
+  absl::Status Keep(absl::string_view prefix, const std::string& name,
+                    bool kept);
   void PersistPin(const std::string& key, bool pinned);
   static std::string KeyOf(const std::string& ns, const std::string& function,
                            const std::string& name);

@@ -63,6 +63,16 @@ std::string PrecopyRequest(bool restart) {
   return request;
 }
 
+std::string MovingRequest(std::string_view backend, std::string_view device,
+                          uint64_t memory_limit) {
+  std::string request(1, static_cast<char>(GpuOp::kMoving));
+  wire::Writer w(&request);
+  w.Str(backend);
+  w.Str(device);
+  w.U64(memory_limit);
+  return request;
+}
+
 double MsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(
              std::chrono::steady_clock::now() - t)

@@ -39,6 +39,9 @@ std::string ProcletKey(std::string_view ns, std::string_view function,
 bool ParseInfo(std::string_view reply, GpuProcletInfo* i);
 // A kPrecopy request for the next part.
 std::string PrecopyRequest(bool restart);
+// A kMoving request: a move to `backend` has begun ("": it was called off).
+std::string MovingRequest(std::string_view backend, std::string_view device,
+                          uint64_t memory_limit);
 double MsSince(std::chrono::steady_clock::time_point t);
 
 // Clears a flag when it goes out of scope (a proclet's `moving`).

@@ -17,6 +17,7 @@ using gpu_internal::ClearOnExit;
 using gpu_internal::CodeOf;
 using gpu_internal::kPrecopyPartBytes;
 using gpu_internal::kPrecopyPasses;
+using gpu_internal::MovingRequest;
 using gpu_internal::MsSince;
 using gpu_internal::ParseInfo;
 using gpu_internal::PrecopyRequest;
@@ -105,6 +106,26 @@ std::string GpuProclets::AdoptPeer(wire::Reader& r, PeerStream& stream) {
 
 // Where a move sends the proclet's state: a second process here (onto
 // another backend of this node), or a peer's data port (kGpuAdopt).
+namespace {
+
+// The target's reply to a step of the conversation, past its code:
+// Unavailable when the connection is gone, FailedPrecondition (`refused`
+// and its message) when it did not answer kOk.
+absl::StatusOr<std::string> ReadReply(PeerConn& conn,
+                                      const std::string& address,
+                                      absl::string_view refused) {
+  std::string reply;
+  if (!conn.reader->Next(&reply).ok() || reply.empty())
+    return absl::UnavailableError(
+        absl::StrCat("lost the connection to ", address, " while moving"));
+  if (CodeOf(reply) != StateCode::kOk)
+    return absl::FailedPreconditionError(
+        absl::StrCat(refused, Sv(std::string_view(reply).substr(1))));
+  return reply.substr(1);
+}
+
+}  // namespace
+
 struct GpuProclets::MoveTarget {
   std::string address;
   std::string backend, device;  // what its process runs on
@@ -130,7 +151,7 @@ absl::Status GpuProclets::BeginMove(const Proclet& p, const std::string& target,
   if (!to->conn)
     return absl::UnavailableError(
         absl::StrCat("cannot reach the target node's data port ", target));
-  std::string frame, reply;
+  std::string frame;
   wire::Writer w(&frame);
   w.U8(static_cast<uint8_t>(PeerOp::kGpuAdopt));
   w.Str(p.ns);
@@ -138,15 +159,13 @@ absl::Status GpuProclets::BeginMove(const Proclet& p, const std::string& target,
   w.Str(p.name);
   w.U64(p.memory_limit);
   w.Str(backend);
-  if (!WriteBytesFrame(to->conn->fd, frame).ok() ||
-      !to->conn->reader->Next(&reply).ok() || reply.empty())
+  if (!WriteBytesFrame(to->conn->fd, frame).ok())
     return absl::UnavailableError(
         absl::StrCat("lost the connection to ", target, " while moving"));
-  if (CodeOf(reply) != StateCode::kOk)
-    return absl::FailedPreconditionError(
-        absl::StrCat("the target cannot host the GPU proclet: ",
-                     Sv(std::string_view(reply).substr(1))));
-  wire::Reader r(std::string_view(reply).substr(1));
+  auto started =
+      ReadReply(*to->conn, target, "the target cannot host the GPU proclet: ");
+  if (!started.ok()) return started.status();
+  wire::Reader r(*started);
   std::string_view started_backend, started_device;
   if (r.Str(&started_backend) && r.Str(&started_device)) {
     to->backend = started_backend;
@@ -180,19 +199,16 @@ absl::Status GpuProclets::SendPart(MoveTarget& to, GpuAdoptStep step,
 
 absl::Status GpuProclets::FlushMove(MoveTarget& to) {
   if (to.local) return to.failed;  // its parts were applied as they went
-  std::string frame, reply;
+  std::string frame;
   wire::Writer w(&frame);
   w.U8(static_cast<uint8_t>(GpuAdoptStep::kFlush));
   w.U64(0);
-  if (!WriteBytesFrame(to.conn->fd, frame).ok() ||
-      !to.conn->reader->Next(&reply).ok() || reply.empty())
+  if (!WriteBytesFrame(to.conn->fd, frame).ok())
     return absl::UnavailableError(
         absl::StrCat("lost the connection to ", to.address, " while moving"));
-  if (CodeOf(reply) != StateCode::kOk)
-    return absl::FailedPreconditionError(
-        absl::StrCat("the target refused the GPU proclet's state: ",
-                     Sv(std::string_view(reply).substr(1))));
-  return absl::OkStatus();
+  return ReadReply(*to.conn, to.address,
+                   "the target refused the GPU proclet's state: ")
+      .status();
 }
 
 absl::Status GpuProclets::CommitMove(MoveTarget& to, std::string_view delta,
@@ -202,20 +218,14 @@ absl::Status GpuProclets::CommitMove(MoveTarget& to, std::string_view delta,
   if (to.local) {
     if (!to.failed.ok()) return to.failed;
     m->inject_ms = MsSince(start);
-    GpuProcletInfo info = to.local->Info();
-    m->to_backend = info.backend;
-    m->to_device = info.device;
+    m->to_backend = to.backend;  // as BeginMove found it started
+    m->to_device = to.device;
     return absl::OkStatus();
   }
-  std::string reply;
-  if (!to.conn->reader->Next(&reply).ok() || reply.empty())
-    return absl::UnavailableError(
-        absl::StrCat("lost the connection to ", to.address, " while moving"));
-  if (CodeOf(reply) != StateCode::kOk)
-    return absl::FailedPreconditionError(
-        absl::StrCat("the target refused the GPU proclet: ",
-                     Sv(std::string_view(reply).substr(1))));
-  wire::Reader r(std::string_view(reply).substr(1));
+  auto committed =
+      ReadReply(*to.conn, to.address, "the target refused the GPU proclet: ");
+  if (!committed.ok()) return committed.status();
+  wire::Reader r(*committed);
   std::string_view to_backend, to_device;
   uint64_t inject_us = 0;
   if (!r.Str(&to_backend) || !r.Str(&to_device) || !r.U64(&inject_us))
@@ -248,25 +258,13 @@ absl::StatusOr<GpuMoveResult> GpuProclets::Migrate(const std::string& ns,
   // The function's reconfiguration callbacks hear of the move before it
   // ends (kMoving); one called off is undone (kResume undoes it in the
   // pause).
-  {
-    std::string moving(1, static_cast<char>(GpuOp::kMoving));
-    wire::Writer w(&moving);
-    w.Str(to.backend.empty() ? backend : to.backend);
-    w.Str(to.device);
-    w.U64(p->memory_limit);
-    p->Exchange(moving);
-  }
+  p->Exchange(MovingRequest(to.backend.empty() ? backend : to.backend,
+                            to.device, p->memory_limit));
   struct CallOff {
     Proclet& p;
     bool moved = false;
     ~CallOff() {
-      if (moved) return;
-      std::string off(1, static_cast<char>(GpuOp::kMoving));
-      wire::Writer w(&off);
-      w.Str("");
-      w.Str("");
-      w.U64(0);
-      p.Exchange(off);
+      if (!moved) p.Exchange(MovingRequest("", "", 0));
     }
   } call_off{*p};
 
