@@ -104,6 +104,11 @@ int main(int argc, char** argv) {
                  "16 MiB takes ~25 ms here)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{4096}));
+  bool no_leases = false;
+  app.add_flag("--no-instance-leases", no_leases,
+               "Send every call through its node's call port, also to a node "
+               "on this machine (which otherwise lends the gateway warm "
+               "instances to call directly)");
   bool no_rebalance = false;
   app.add_flag("--no-rebalance", no_rebalance,
                "Never move proclets or instances because of load");
@@ -141,6 +146,7 @@ int main(int argc, char** argv) {
   o.async_max_backoff = std::chrono::milliseconds(
       std::max(async_backoff_ms, async_max_backoff_ms));
   o.rebalance = !no_rebalance;
+  o.instance_leases = !no_leases;
   o.shard_split_bytes = shard_split_mib << 20;
   o.auth = !no_auth;
   o.max_system_body_bytes = max_body_mib << 20;

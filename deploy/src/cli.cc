@@ -702,6 +702,10 @@ void AddLocalCommand(CLI::App& app, CommandList& out) {
                     "Also serve the faas-provider API here, for an OpenFaaS "
                     "gateway's functions_provider_url (off by default)");
   local->add_flag("--no-auth", o->no_auth, "Disable basic auth");
+  local->add_flag("--no-instance-leases", o->no_instance_leases,
+                  "Send every call through the invoker's call port (warm "
+                  "calls otherwise go straight to instances it lends the "
+                  "gateway)");
   out.push_back({local, [o] { return Local(*o); }});
 }
 

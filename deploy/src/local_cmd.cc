@@ -123,6 +123,7 @@ int Local(LocalOptions o) {
       "--metrics-listen", o.metrics_listen, "--grpc-listen",
       o.grpc_listen,      "--data-dir",     o.data_dir + "/gateway"};
   if (o.no_auth) gw_args.push_back("--no-auth");
+  if (o.no_instance_leases) gw_args.push_back("--no-instance-leases");
   if (!o.provider_listen.empty())
     gw_args.insert(gw_args.end(), {"--provider-listen", o.provider_listen});
   Child gw = Spawn(gw_args, stop);

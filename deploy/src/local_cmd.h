@@ -16,6 +16,9 @@ struct LocalOptions {
   std::string metrics_listen;
   std::string provider_listen;  // the faas-provider API; empty: none
   bool no_auth = false;
+  // Every call through the invoker's call port (silt-gateway
+  // --no-instance-leases).
+  bool no_instance_leases = false;
 };
 
 // `silt local`: a gateway and one invoker on this machine, as child processes.

@@ -220,6 +220,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   NodeRegistryOptions node_options{.listen = options.grpc_listen,
                                    .node_timeout = options.node_timeout};
   node_options.rebalancer.enabled = options.rebalance;
+  node_options.instance_leases = options.instance_leases;
   node_options.rebalancer.cpu_high = options.cpu_high;
   node_options.rebalancer.cpu_low = std::max(0.05, options.cpu_high - 0.2);
   node_options.rebalancer.memory_high = options.memory_high;

@@ -120,6 +120,16 @@ std::string Metrics::Render(const std::map<std::string, uint64_t>& replicas,
                             const std::vector<ResidentGauge>& resident) const {
   std::lock_guard<std::mutex> l(mu_);
   std::string out;
+  absl::StrAppend(
+      &out,
+      "# HELP silt_gateway_calls_total Calls sent to a node, by path: "
+      "\"lease\" (straight to an instance a node on this machine lent) or "
+      "\"call_port\" (through the node's invoker).\n"
+      "# TYPE silt_gateway_calls_total counter\n",
+      "silt_gateway_calls_total{path=\"lease\"} ",
+      leased_calls_.load(std::memory_order_relaxed), "\n",
+      "silt_gateway_calls_total{path=\"call_port\"} ",
+      port_calls_.load(std::memory_order_relaxed), "\n");
   // `labels` may be empty (a histogram without labels).
   auto any_histogram = [&out](absl::string_view name, absl::string_view labels,
                               const auto& bounds, const auto& h) {

@@ -4,6 +4,7 @@
 #define SILT_GATEWAY_METRICS_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -57,6 +58,13 @@ class Metrics {
              double seconds);
   void InstanceFailure(absl::string_view function, absl::string_view reason);
 
+  // A call went to a node: straight to an instance leased from it
+  // (`leased`, instance_leases.h) or through its call port.
+  void CallPath(bool leased) {
+    (leased ? leased_calls_ : port_calls_)
+        .fetch_add(1, std::memory_order_relaxed);
+  }
+
   // A live proclet migration committed after `seconds`, holding writes for
   // `pause_seconds` of them; or one that was abandoned (the proclet stayed
   // where it was).
@@ -108,6 +116,7 @@ class Metrics {
   using MigrationHistogram = BasicHistogram<kMigrationBuckets.size()>;
   using Key = std::pair<std::string, std::string>;
 
+  std::atomic<uint64_t> leased_calls_{0}, port_calls_{0};
   mutable std::mutex mu_;
   std::map<std::string, uint64_t, std::less<>> started_;
   std::map<Key, uint64_t> invocations_;        // (function, code)

@@ -35,7 +35,10 @@ NodeRegistry::Impl::~Impl() {
   FailParked(true);
   // Calls in flight end with Unavailable (on the io_context, if it runs).
   std::lock_guard<std::mutex> l(mu);
-  for (auto& [n, node] : nodes) node->calls->Close();
+  for (auto& [n, node] : nodes) {
+    node->calls->Close();
+    if (node->leases) node->leases->Close();
+  }
 }
 
 NodeRegistry::NodeRegistry(std::unique_ptr<Impl> impl)

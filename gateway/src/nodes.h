@@ -130,6 +130,8 @@ struct NodeRegistryOptions {
   std::chrono::milliseconds node_timeout{std::chrono::seconds(5)};
   DirectoryOptions directory;
   RebalancerOptions rebalancer;
+  // Lease warm instances from nodes on this machine (instance_leases.h).
+  bool instance_leases = true;
 };
 
 class NodeRegistry {

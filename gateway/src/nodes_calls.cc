@@ -37,7 +37,7 @@ void NodeRegistry::Impl::Invoke(
     call->fn = it->second;
     ++calls[it->first];
   }
-  cw::Request r;
+  cw::Request& r = call->request;
   r.name = call->call.name;
   r.ns = call->call.ns;
   r.generation = call->fn->spec.generation();
@@ -56,9 +56,6 @@ void NodeRegistry::Impl::Invoke(
     r.spec = call->fn->spec.SerializeAsString();
     call->with_spec = true;
   }
-  auto frame = std::make_shared<std::string>();
-  cw::AppendRequest(frame.get(), r);
-  call->frame = std::move(frame);
   Dispatch(call);
 }
 
@@ -83,6 +80,33 @@ void NodeRegistry::Impl::Dispatch(std::shared_ptr<Call> call) {
 }
 
 void NodeRegistry::Impl::Send(std::shared_ptr<Call> call) {
+  if (!call->frame) {
+    // Straight to an idle instance leased from the node (one on this
+    // machine); otherwise to its call port.
+    if (call->node->leases && !call->request.head &&
+        call->request.cold_start == cw::ColdStart::kAny) {
+      CallClient::Done done = [this, call](absl::StatusOr<cw::Reply> r,
+                                           std::shared_ptr<BodyStream> rest) {
+        OnDone(call, r, std::move(rest));
+      };
+      if (call->node->leases->TryCall(call->request, done)) {
+        call->leased = true;
+        if (metrics) metrics->CallPath(true);
+        return;
+      }
+    }
+  }
+  SendToPort(std::move(call));
+}
+
+void NodeRegistry::Impl::SendToPort(std::shared_ptr<Call> call) {
+  if (!call->frame) {
+    if (metrics) metrics->CallPath(false);
+    auto frame = std::make_shared<std::string>();
+    cw::AppendRequest(frame.get(), call->request);
+    call->request = cw::Request();
+    call->frame = std::move(frame);
+  }
   auto deadline = Clock::now() + call->call.timeout + std::chrono::seconds(2);
   call->node->calls->Call(
       call->frame, deadline,
@@ -103,7 +127,7 @@ void NodeRegistry::Impl::SendWithSpec(std::shared_ptr<Call> call) {
   cw::AppendRequest(frame.get(), full);
   call->frame = std::move(frame);
   call->with_spec = true;
-  Send(call);
+  SendToPort(call);
 }
 
 void NodeRegistry::Impl::OnDone(std::shared_ptr<Call> call,
@@ -121,7 +145,7 @@ void NodeRegistry::Impl::OnDone(std::shared_ptr<Call> call,
   {
     std::lock_guard<std::mutex> l(mu);
     --call->node->inflight[key];
-    if (r.ok() && r->outcome == cw::Outcome::kAnswered) {
+    if (r.ok() && r->outcome == cw::Outcome::kAnswered && !call->leased) {
       control::InstanceCount& c = call->node->counts[key];
       c.set_name(call->call.name);
       c.set_namespace_(call->call.ns);
@@ -146,6 +170,10 @@ void NodeRegistry::Impl::OnDone(std::shared_ptr<Call> call,
     return Dispatch(std::move(call));
   }
   if (!s.ok()) return call->done(s);
+  if (call->node->leases && !call->leased &&
+      call->call.cold_start == cw::ColdStart::kAny)
+    call->node->leases->AskAfterCall(call->call.ns, call->call.name,
+                                     call->fn->spec.generation());
   InvokeResult out;
   out.status = r->status;
   out.headers = std::move(r->headers);

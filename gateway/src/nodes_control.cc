@@ -196,6 +196,13 @@ grpc::Status NodeRegistry::Impl::Connect(
   node->stub = v1::Invoker::NewStub(node->channel);
   node->calls =
       std::make_unique<CallClient>(contexts, reg.call_address(), data_key);
+  if (options.instance_leases && !reg.call_socket().empty()) {
+    // Reachable only from the invoker's network namespace: a node elsewhere
+    // (or in a namespace of its own) is called through its call port.
+    auto leases =
+        InstanceLeases::Connect(contexts, reg.call_socket(), data_key);
+    if (leases.ok()) node->leases = *std::move(leases);
+  }
   {
     std::lock_guard<std::mutex> l(mu);
     if (auto it = nodes.find(node->name); it != nodes.end()) {

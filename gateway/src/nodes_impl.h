@@ -28,6 +28,7 @@
 #include "call_client.h"
 #include "gateway/proto/control.grpc.pb.h"
 #include "gpu_directory.h"
+#include "instance_leases.h"
 #include "invoker/call_wire.h"
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "log_ring.h"
@@ -139,6 +140,9 @@ struct NodeRegistry::Impl final : public control::Control::Service {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Invoker::Stub> stub;  // control: logs, snapshots
     std::unique_ptr<CallClient> calls;        // function calls
+    // Calls straight to its instances, when it is on this machine (null
+    // otherwise). Declared after `calls`: closed first.
+    std::unique_ptr<InstanceLeases> leases;
     Clock::time_point last_seen;
     std::map<std::string, control::InstanceCount> counts;    // by ns/name
     std::map<std::string, int> inflight;                     // by ns/name
@@ -284,8 +288,11 @@ struct NodeRegistry::Impl final : public control::Control::Service {
     std::shared_ptr<const Fn> fn;
     std::shared_ptr<Node> node;
     // The request as sent (kept to send again elsewhere).
+    // Until it goes to a call port: the request (`frame` once sent there).
+    cw::Request request;
     std::shared_ptr<const std::string> frame;
     bool with_spec = false;
+    bool leased = false;  // it ran on a leased instance (instance_leases.h)
     std::vector<std::string> tried;
   };
   // Calls that came while no node could take them in the first moments after
@@ -307,12 +314,16 @@ struct NodeRegistry::Impl final : public control::Control::Service {
 
   void Dispatch(std::shared_ptr<Call> call);
 
+  // To `call->node`: straight to an instance leased from it when that can
+  // take the call (instance_leases.h), else through its call port.
   void Send(std::shared_ptr<Call> call);
 
   // The node does not know this function version: the call goes again with
   // its spec.
   void SendWithSpec(std::shared_ptr<Call> call);
 
+  // Through the node's call port (the frame built once).
+  void SendToPort(std::shared_ptr<Call> call);
   void OnDone(std::shared_ptr<Call> call, absl::StatusOr<cw::Reply>& r,
               std::shared_ptr<BodyStream> rest);
 

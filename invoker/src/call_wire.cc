@@ -92,7 +92,8 @@ const char* FailureName(Failure f) {
 
 void AppendHello(std::string* out, std::string_view key) {
   size_t at = Begin(out, Op::kHello);
-  wire::Writer(out).Str(key);
+  wire::Writer w(out);
+  w.Str(key);
   Finish(out, at);
 }
 
@@ -208,6 +209,100 @@ bool ParseReply(std::string_view payload, Reply* out) {
   out->tier = static_cast<StartTier>(tier);
   out->failure = static_cast<Failure>(failure);
   return true;
+}
+
+void AppendLeaseAsk(std::string* out, const LeaseAsk& a) {
+  size_t at = Begin(out, Op::kLease);
+  wire::Writer w(out);
+  w.U64(a.ask);
+  w.Str(a.ns);
+  w.Str(a.name);
+  w.U64(a.generation);
+  Finish(out, at);
+}
+
+void AppendLeased(std::string* out, const Leased& l) {
+  size_t at = Begin(out, Op::kLeased);
+  wire::Writer w(out);
+  w.U64(l.ask);
+  w.U64(l.lease);
+  w.Str(l.instance);
+  w.U32(l.timeout_ms);
+  Finish(out, at);
+}
+
+void AppendNoLease(std::string* out, uint64_t ask) {
+  size_t at = Begin(out, Op::kNoLease);
+  wire::Writer w(out);
+  w.U64(ask);
+  Finish(out, at);
+}
+
+void AppendReturn(std::string* out, const Return& r) {
+  size_t at = Begin(out, Op::kReturn);
+  wire::Writer w(out);
+  w.U64(r.lease);
+  w.U8(static_cast<uint8_t>(r.how));
+  Finish(out, at);
+}
+
+void AppendReturned(std::string* out, const Returned& r) {
+  size_t at = Begin(out, Op::kReturned);
+  wire::Writer w(out);
+  w.U64(r.lease);
+  w.U8(static_cast<uint8_t>(r.failure));
+  w.Str(r.text);
+  Finish(out, at);
+}
+
+void AppendRecall(std::string* out, uint64_t lease) {
+  size_t at = Begin(out, Op::kRecall);
+  wire::Writer w(out);
+  w.U64(lease);
+  Finish(out, at);
+}
+
+bool ParseLeaseAsk(std::string_view payload, LeaseAsk* a) {
+  wire::Reader r(payload);
+  return Expect(r, Op::kLease) && r.U64(&a->ask) && ReadStr(r, &a->ns) &&
+         ReadStr(r, &a->name) && r.U64(&a->generation) && r.done();
+}
+
+bool ParseLeased(std::string_view payload, Leased* l) {
+  wire::Reader r(payload);
+  return Expect(r, Op::kLeased) && r.U64(&l->ask) && r.U64(&l->lease) &&
+         ReadStr(r, &l->instance) && r.U32(&l->timeout_ms) && r.done();
+}
+
+bool ParseNoLease(std::string_view payload, uint64_t* ask) {
+  wire::Reader r(payload);
+  return Expect(r, Op::kNoLease) && r.U64(ask) && r.done();
+}
+
+bool ParseReturn(std::string_view payload, Return* out) {
+  wire::Reader r(payload);
+  uint8_t how;
+  if (!Expect(r, Op::kReturn) || !r.U64(&out->lease) || !r.U8(&how) ||
+      !r.done() || how > static_cast<uint8_t>(ReturnHow::kCheck))
+    return false;
+  out->how = static_cast<ReturnHow>(how);
+  return true;
+}
+
+bool ParseReturned(std::string_view payload, Returned* out) {
+  wire::Reader r(payload);
+  uint8_t failure;
+  if (!Expect(r, Op::kReturned) || !r.U64(&out->lease) || !r.U8(&failure) ||
+      !ReadStr(r, &out->text) || !r.done() ||
+      failure > static_cast<uint8_t>(Failure::kCrash))
+    return false;
+  out->failure = static_cast<Failure>(failure);
+  return true;
+}
+
+bool ParseRecall(std::string_view payload, uint64_t* lease) {
+  wire::Reader r(payload);
+  return Expect(r, Op::kRecall) && r.U64(lease) && r.done();
 }
 
 }  // namespace silt::invoker::call_wire

@@ -4,9 +4,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <utility>
 
@@ -40,6 +42,29 @@ absl::StatusOr<std::unique_ptr<ConnServer>> ConnServer::Listen(
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   return std::unique_ptr<ConnServer>(new ConnServer(
       fd, absl::StrCat(hp->first, ":", ntohs(sa.sin_port)), std::move(serve)));
+}
+
+absl::StatusOr<std::unique_ptr<ConnServer>> ConnServer::ListenAbstract(
+    const std::string& name, Serve serve) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (name.empty() || name.size() + 1 > sizeof(sa.sun_path))
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad abstract socket name ", name));
+  memcpy(sa.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket failed");
+  socklen_t len =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 ||
+      ::listen(fd, 128) != 0) {
+    int err = errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on @", name, ": ", strerror(err)));
+  }
+  return std::unique_ptr<ConnServer>(
+      new ConnServer(fd, absl::StrCat("@", name), std::move(serve)));
 }
 
 ConnServer::ConnServer(int listener, std::string address, Serve serve)
@@ -84,7 +109,7 @@ void ConnServer::AcceptLoop() {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       return;  // shut down
     }
-    int one = 1;
+    int one = 1;  // (fails harmlessly on a unix socket)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     Spawn(fd);
   }

@@ -31,6 +31,10 @@ class ConnServer {
   // InvalidArgument for a bad address, Unavailable when it cannot listen.
   static absl::StatusOr<std::unique_ptr<ConnServer>> Listen(
       const std::string& listen, Serve serve);
+  // Binds the abstract unix socket "@`name`" (reachable only from this
+  // network namespace) without accepting yet; address() is "@name".
+  static absl::StatusOr<std::unique_ptr<ConnServer>> ListenAbstract(
+      const std::string& name, Serve serve);
   ~ConnServer();  // Shutdown(), then Join()
   ConnServer(const ConnServer&) = delete;
   ConnServer& operator=(const ConnServer&) = delete;

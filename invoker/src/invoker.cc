@@ -118,7 +118,11 @@ Invoker::Impl::~Impl() {
   // containers, stopped with them below.
   if (container_images) container_images->StopImports();
   // Calls in flight end first (they use everything below).
+  // The calls on lent instances end first too (new leases are refused);
+  // what did not come back by then stops with the lease connections.
+  RecallLeases(std::chrono::seconds(5));
   if (call_port) call_port->Stop();
+  if (lease_port) lease_port->Stop();
   if (reaper.joinable()) reaper.join();
   if (tender.joinable()) tender.join();
   {
@@ -394,6 +398,20 @@ absl::StatusOr<std::unique_ptr<Invoker>> Invoker::Start(
             ReplyStream& stream) { p->Call(req, body, reply, stream); });
     if (!port.ok()) return port.status();
     impl->call_port = *std::move(port);
+    auto leases = LeasePort::Listen(
+        absl::StrCat("silt-leases-", getpid(), "-", RandomId(8)),
+        impl->proclet_host->data_key(),
+        {.lend =
+             [p](uint64_t conn, const call_wire::LeaseAsk& ask) {
+               return p->Lend(conn, ask);
+             },
+         .take_back =
+             [p](uint64_t conn, const call_wire::Return& ret) {
+               return p->TakeBack(conn, ret);
+             },
+         .closed = [p](uint64_t conn) { p->LeasesClosed(conn); }});
+    if (!leases.ok()) return leases.status();
+    impl->lease_port = *std::move(leases);
   }
 
   grpc::ServerBuilder builder;

@@ -64,6 +64,7 @@ absl::StatusOr<Lease> Invoker::Impl::Acquire(std::shared_ptr<Pool> pool_ptr,
                                              int headroom) {
   Pool& pool = *pool_ptr;
   std::unique_lock<std::mutex> l(mu);
+  bool recalled = false;
   while (true) {
     if (Instance* open = OpenLocked(pool)) {
       ++open->calls;
@@ -99,6 +100,12 @@ absl::StatusOr<Lease> Invoker::Impl::Acquire(std::shared_ptr<Pool> pool_ptr,
       // The calls that waited may share it.
       if (lease.shared) pool.cv.notify_all();
       return lease;
+    }
+    // An instance lent to the gateway comes back for this call (once: the
+    // next waiter recalls the next one).
+    if (!recalled && RecallOneLocked(pool, l)) {
+      recalled = true;
+      continue;
     }
     if (pool.waiting >= options.max_queue_per_function) {
       return absl::ResourceExhaustedError(absl::StrCat(

@@ -266,6 +266,7 @@ void Invoker::Impl::ConnectLoop() {
     reg->set_address(address);
     reg->set_data_address(proclet_host->data_address());
     reg->set_call_address(call_port->address());
+    reg->set_call_socket(lease_port->address());
     reg->mutable_capacity()->set_cores(Cores());
     reg->mutable_capacity()->set_gpus(gpus);
     reg->mutable_capacity()->set_gpu_memory_bytes(gpu_memory);

@@ -29,6 +29,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -60,6 +61,7 @@
 #include "invoker/proto/invoker.grpc.pb.h"
 #include "invoker/proto/proclets.grpc.pb.h"
 #include "invoker/proto/worker.pb.h"
+#include "lease_port.h"
 #include "load_pulse.h"
 #include "logs.h"
 #include "node_cgroup.h"
@@ -286,7 +288,8 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::unique_ptr<LogCollector> collector;
   // Memory proclets held here and the instances' state connections.
   std::unique_ptr<ProcletHost> proclet_host;
-  std::unique_ptr<CallPort> call_port;  // after proclet_host: its key
+  std::unique_ptr<CallPort> call_port;    // after proclet_host: its key
+  std::unique_ptr<LeasePort> lease_port;  // likewise
   std::unique_ptr<ProcletService> proclet_service;
   std::atomic<uint64_t> instance_seq{0};
   // Compute jobs of the instances here, and the cluster they run on.
@@ -350,10 +353,23 @@ struct Invoker::Impl final : public v1::Invoker::Service {
     bool staging = false;
     Clock::time_point staging_retry_after;
     uint64_t staged_bytes = 0, staged_estimate = 0;
+    // Of `busy`, instances lent to the gateway (lent, below).
+    int lent = 0;
   };
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Pool>> pools;  // key ns/name
-  std::unique_ptr<BundleCache> bundles;                // DATA_DIR/bundles
+  // Instances lent to a gateway on this machine (lease_port.h; under mu):
+  // taken like a call's, held until given back (invoker_leases.cc).
+  struct LentInstance {
+    uint64_t conn = 0;  // the lease connection
+    std::shared_ptr<Pool> pool;
+    Lease lease;
+    bool recalled = false;
+  };
+  std::map<uint64_t, LentInstance> lent;
+  uint64_t next_lease = 1;
+  std::condition_variable lent_cv;       // `lent` lost one
+  std::unique_ptr<BundleCache> bundles;  // DATA_DIR/bundles
   // What a container function's instances run: no files, its worker only
   // proxies to the container's watchdog (kind "container").
   std::shared_ptr<const Bundle> container_bundle;
@@ -689,6 +705,25 @@ struct Invoker::Impl final : public v1::Invoker::Service {
                             v1::WorkerReply* reply, Death* why,
                             const Parts& parts = {}, int watch = -1,
                             RequestBody* body = nullptr);
+
+  // ---- leases (invoker_leases.cc; lease_port.h) ----
+  // Lends an idle instance of the version asked for that takes one call at
+  // a time and needs nothing done after its calls (no working set to
+  // record, not a container's); nullopt when there is none.
+  std::optional<LeasePort::Lent> Lend(uint64_t conn,
+                                      const call_wire::LeaseAsk& ask);
+  // A lease given back (or, kCheck, checked); see call_wire::ReturnHow.
+  call_wire::Returned TakeBack(uint64_t conn, const call_wire::Return& ret);
+  // Lease connection `conn` closed: its instances are stopped (a call may
+  // have been running in them).
+  void LeasesClosed(uint64_t conn);
+  // On the way out: recalls every lease and waits (up to `wait`) for them
+  // to come back, so that the calls on them end first.
+  void RecallLeases(std::chrono::milliseconds wait);
+  // A call waits for an instance of `pool` while some are lent: recalls one
+  // (not already recalled). Call with mu held (as `l`); lets it go while
+  // it asks. Whether one was recalled.
+  bool RecallOneLocked(Pool& pool, std::unique_lock<std::mutex>& l);
 
   // A call from the gateway (CallPort): runs it in an instance of the
   // function, taking an idle one or starting one. `body`: the rest of a

@@ -1,6 +1,8 @@
 // Warm invocation benchmark: throughput and p50/p99 latency of POST
-// /function/hello through Silt (gateway -> invoker -> sandboxed worker),
-// against two baselines measured in the same run: a minimal HTTP server
+// /function/hello through Silt (gateway -> sandboxed worker, on instances the
+// invoker lends the gateway; and, as `silt-call-port`, a second `silt local`
+// with --no-instance-leases: gateway -> invoker -> worker), against two
+// baselines measured in the same run: a minimal HTTP server
 // returning the same body (the physical limit on this machine) and one nginx
 // reverse-proxy hop in front of it (the cost of a single hop).
 //
@@ -329,29 +331,44 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // 3. Silt: `silt local` with the hello example deployed by `silt up`.
-  auto silt = silt::testing::Process::Start(
-      {SILT_CLI_BIN, "local", "--data-dir", dir + "/silt", "--listen",
-       "127.0.0.1:0", "--no-auth"});
-  auto line = silt->WaitForLine("listening on ", std::chrono::seconds(60));
-  if (!line.ok()) {
-    fprintf(stderr, "silt local did not start\n");
-    return 2;
-  }
-  std::string silt_addr = line->substr(13);
-  int silt_port = std::atoi(silt_addr.substr(silt_addr.rfind(':') + 1).c_str());
+  // 3. Silt: `silt local` with the hello example deployed by `silt up`;
+  // and a second one whose calls all go through the invoker's call port
+  // (--no-instance-leases), for the call path without leases.
   fs::copy(std::string(SILT_SOURCE_DIR) + "/examples/hello", dir + "/hello",
            fs::copy_options::recursive);
-  auto up = silt::testing::RunCommand(
-      {SILT_CLI_BIN, "up", "-f", dir + "/hello/stack.yml"}, "",
-      {{"OPENFAAS_URL", "http://" + silt_addr},
-       {"OPENFAAS_CONFIG", dir + "/cfg"}});
-  if (up.exit_code != 0) {
-    fprintf(stderr, "silt up failed:\n%s%s\n", up.out.c_str(), up.err.c_str());
+  std::vector<silt::testing::Process> silts;
+  auto start_silt = [&](const std::string& name,
+                        std::vector<std::string> extra) -> int {
+    std::vector<std::string> args = {
+        SILT_CLI_BIN, "local",       "--data-dir", dir + "/" + name,
+        "--listen",   "127.0.0.1:0", "--no-auth"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto p = silt::testing::Process::Start(args);
+    if (!p.ok()) return 0;
+    auto line = p->WaitForLine("listening on ", std::chrono::seconds(60));
+    if (!line.ok()) return 0;
+    silts.push_back(*std::move(p));
+    std::string addr = line->substr(13);
+    auto up = silt::testing::RunCommand(
+        {SILT_CLI_BIN, "up", "-f", dir + "/hello/stack.yml"}, "",
+        {{"OPENFAAS_URL", "http://" + addr},
+         {"OPENFAAS_CONFIG", dir + "/cfg-" + name}});
+    if (up.exit_code != 0) {
+      fprintf(stderr, "silt up failed:\n%s%s\n", up.out.c_str(),
+              up.err.c_str());
+      return 0;
+    }
+    return std::atoi(addr.substr(addr.rfind(':') + 1).c_str());
+  };
+  int silt_port = start_silt("silt", {});
+  int port_only = start_silt("silt-port", {"--no-instance-leases"});
+  if (silt_port == 0 || port_only == 0) {
+    fprintf(stderr, "silt local did not start\n");
     return 2;
   }
   // The first call boots the instance; from then on every call is warm.
   Load(silt_port, "/function/hello", 1, 0.3);
+  Load(port_only, "/function/hello", 1, 0.3);
   // Each target warms up for a moment before it is measured.
   for (int port : {base_port, nginx_port}) Load(port, "/", 1, 0.3);
 
@@ -385,8 +402,12 @@ int main(int argc, char** argv) {
     LoadResult silt_r = Load(silt_port, "/function/hello", c, seconds);
     nb.End("nginx", c, nginx_r.rps * seconds, &breakdown, &costs);
     sb.End("silt", c, silt_r.rps * seconds, &breakdown, &costs);
+    LoadResult port_r = Load(port_only, "/function/hello", c, seconds);
     for (auto& [name, r] : std::vector<std::pair<const char*, LoadResult>>{
-             {"direct", base_r}, {"nginx-1-hop", nginx_r}, {"silt", silt_r}}) {
+             {"direct", base_r},
+             {"nginx-1-hop", nginx_r},
+             {"silt", silt_r},
+             {"silt-call-port", port_r}}) {
       printf("%-6d %-14s %12.0f %10.0f %10.0f %8lu\n", c, name, r.rps, r.p50_us,
              r.p99_us, static_cast<unsigned long>(r.errors));
     }
@@ -402,6 +423,9 @@ int main(int argc, char** argv) {
     ratios.push_back(
         absl::StrCat("throughput_silt_vs_direct_c", c, "=",
                      absl::StrFormat("%.2f", silt_r.rps / base_r.rps)));
+    ratios.push_back(
+        absl::StrCat("throughput_leases_vs_call_port_c", c, "=",
+                     absl::StrFormat("%.2f", silt_r.rps / port_r.rps)));
   }
   printf("\nper call: CPU time, context switches, instructions (perf)\n");
   printf("%-6s %-12s %-10s %10s %10s %14s\n", "conns", "target", "process",
@@ -411,7 +435,7 @@ int main(int argc, char** argv) {
   for (const auto& r : ratios) printf("%s\n", r.c_str());
   for (const auto& r : costs) printf("%s\n", r.c_str());
 
-  silt->Stop(SIGTERM);
+  for (auto& p : silts) p.Stop(SIGTERM);
   nginx->Stop(SIGTERM);
   kill(base, SIGKILL);
   waitpid(base, nullptr, 0);

@@ -612,6 +612,91 @@ std::vector<std::string> AtOnce(
   return seen;
 }
 
+// Warm calls to a node on the gateway's machine go straight to an instance
+// the node lent the gateway (gateway/src/instance_leases.h): the invoker is
+// not on their path. On a leased instance a whole answer, a streamed one, a
+// 5xx, a crash and a timeout each end as they do through the call port.
+TEST_F(FunctionsTest, WarmCallsGoStraightToALeasedInstance) {
+  Deploy({{"service", "probe"}, {"envVars", {{"exec_timeout", "1s"}}}});
+  auto leased = [&]() -> uint64_t {
+    auto m = deploy::Send({.url = gw_->metrics_url() + "/metrics"});
+    if (!m.ok()) return 0;
+    const std::string k = "silt_gateway_calls_total{path=\"lease\"} ";
+    size_t at = m->body.find(k);
+    uint64_t n = 0;
+    if (at != std::string::npos)
+      (void)absl::SimpleAtoi(
+          m->body.substr(at + k.size(), m->body.find('\n', at) - at - k.size()),
+          &n);
+    return n;
+  };
+  for (int i = 0; i < 30; ++i) {
+    auto r = Invoke("GET", "/function/probe/state");
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.body, "initialized:probe");
+  }
+  EXPECT_GE(leased(), 20u) << "warm calls did not take the lease path";
+
+  // Each of a streamed answer, a timeout and a crash, after warm calls,
+  // until it went over a lease (a lease that broke is replaced by one the
+  // gateway asks for after a call through the call port).
+  auto over_lease = [&](const std::function<void()>& call) {
+    for (int round = 0; round < 8; ++round) {
+      for (int i = 0; i < 5; ++i)
+        EXPECT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+      uint64_t before = leased();
+      call();
+      if (leased() == before + 1) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(over_lease([&] {
+    auto whole = Invoke("GET", "/function/probe/events?n=1&q=unused");
+    EXPECT_EQ(whole.status, 200);
+    EXPECT_EQ(whole.body, "data: event 1\n\ndata: end\n\n");
+    EXPECT_EQ(whole.Header("X-Silt-Start"), "warm");
+  }));
+  EXPECT_TRUE(over_lease([&] {
+    auto slow = Invoke("GET", "/function/probe/sleep?ms=3000");
+    EXPECT_EQ(slow.status, 504) << slow.body;
+  }));
+  EXPECT_TRUE(over_lease([&] {
+    // How it died, as the node saw it (an instance restored from a
+    // snapshot is not the invoker's child: its status reads as a kill).
+    auto crash = Invoke("GET", "/function/probe/crash");
+    EXPECT_EQ(crash.status, 502) << crash.body;
+    EXPECT_TRUE(absl::StartsWith(crash.body, "function probe instance ") &&
+                (absl::StrContains(crash.body, "crashed with signal") ||
+                 absl::StrContains(crash.body, "killed")))
+        << crash.body;
+  }));
+  auto after = Invoke("GET", "/function/probe/state");
+  EXPECT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(after.body, "initialized:probe");
+  std::string logs;
+  EXPECT_TRUE(Eventually([&] {
+    logs = Silt({"logs", "probe"}).out;
+    return absl::StrContains(logs, "timed out");
+  })) << logs;
+}
+
+// A function at its maximum (one instance) whose instance is lent to the
+// gateway still serves calls that reach it through the call port (those
+// that find the lease busy): the invoker recalls the lease, and no call
+// waits for its time to run out.
+TEST_F(FunctionsTest, ALentInstanceComesBackForCallsThroughTheCallPort) {
+  Deploy({{"service", "probe"}, {"labels", {{"com.openfaas.scale.max", "1"}}}});
+  for (int i = 0; i < 10; ++i)
+    ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  for (int round = 0; round < 3; ++round) {
+    auto seen = AtOnce(
+        2, [&] { return Invoke("GET", "/function/probe/sleep?ms=200"); });
+    EXPECT_EQ(seen, (std::vector<std::string>{"200 slept", "200 slept"}))
+        << absl::StrJoin(seen, " | ");
+  }
+  EXPECT_EQ(Available("probe"), 1u);
+}
+
 TEST_F(FunctionsTest, FullQueueIs429) {
   // One instance, one queued call (--max-queue 1): of four concurrent slow
   // calls two run (one after the other) and two are refused.

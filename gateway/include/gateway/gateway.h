@@ -56,6 +56,10 @@ struct Options {
   // The rebalancer: its high-water marks (fractions of a node's cores and
   // memory; the low marks sit 0.2 and 0.1 below), or off.
   bool rebalance = true;
+  // Calls to a node on this machine go straight to instances it lends
+  // (invoker/call_wire.h, "Leases"); off, every call goes through its call
+  // port.
+  bool instance_leases = true;
   double cpu_high = 0.9, memory_high = 0.9;
   // Async calls: runs before a call becomes a dead letter, the first wait
   // between runs (doubling up to the maximum), and how many of one function's

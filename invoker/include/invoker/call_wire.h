@@ -26,6 +26,24 @@
 // number of kBodyPart frames and a kBodyEnd (the last bytes); only then does
 // the invoker answer. An invoker that answers without running the call (an
 // error) reads the rest of the body first, so the connection stays usable.
+//
+// Leases (the node-local path). An invoker also listens on an abstract unix
+// socket (Register.call_socket), reachable only from its own network
+// namespace: a gateway there may lease a warm instance and send the
+// function's calls straight to it (worker.proto's WorkerCall and WorkerReply
+// on the instance's channel, passed with the lease), one at a time, taking
+// the invoker off the call's path. The invoker counts a lent instance busy
+// and touches nothing of it until it comes back. The lease connection opens
+// with kHello too; then:
+//   kLease (gateway)     ask for an idle instance of a function version;
+//   kLeased (invoker)    one is lent, its channel passed with the frame; or
+//   kNoLease (invoker)   none is (or the version is not here): the call
+//                        port serves the function meanwhile;
+//   kReturn (gateway)    the lease ends (or, kCheck, an answer is wanted);
+//   kReturned (invoker)  the answer to a kReturn that asks for one;
+//   kRecall (invoker)    give it back once its call ends (a call through
+//                        the call port waits for an instance).
+// A lease connection that closes gives back every lease on it, broken.
 #ifndef SILT_INVOKER_CALL_WIRE_H_
 #define SILT_INVOKER_CALL_WIRE_H_
 
@@ -46,6 +64,12 @@ enum class Op : uint8_t {
   kBodyPart = 5,     // raw bytes: the next part of a streamed body
   kRequestHead = 6,  // a Request whose body goes on in the frames after it
   kBodyEnd = 7,      // raw bytes: the last part of a streamed request body
+  kLease = 8,        // a LeaseAsk
+  kLeased = 9,       // a Leased (with the instance's channel as SCM_RIGHTS)
+  kNoLease = 10,     // u64 ask
+  kReturn = 11,      // a Return
+  kReturned = 12,    // a Returned
+  kRecall = 13,      // u64 lease
 };
 
 // How the call must start its instance (X-Silt-Cold-Start; benchmarks and
@@ -104,6 +128,51 @@ struct Reply {
   bool head = false;
 };
 
+struct LeaseAsk {
+  uint64_t ask = 0;  // echoed in the answer
+  std::string ns, name;
+  uint64_t generation = 0;
+};
+
+struct Leased {
+  uint64_t ask = 0, lease = 0;
+  std::string instance;
+  uint32_t timeout_ms = 0;  // the function's longest call (exec_timeout)
+};
+
+// How a lease ends. kIdle: it served its calls and is given back whole.
+// kBroken: its channel broke (closed, or a malformed reply): the invoker
+// answers how the instance died. kTimedOut: a call ran past its time.
+// kCallerGone: a streamed reply's caller went away. kLost: the reply said
+// instance_lost (its server is gone): the invoker answers why. kCheck: not
+// given back; a call answered 5xx and the invoker answers whether a process
+// of the instance was killed at its memory limit meanwhile ("" if not).
+// Every kind but kIdle and kCheck stops the instance.
+enum class ReturnHow : uint8_t {
+  kIdle = 0,
+  kBroken,
+  kTimedOut,
+  kCallerGone,
+  kLost,
+  kCheck
+};
+// Whether the invoker answers a kReturn of this kind with a kReturned.
+inline bool ReturnAnswered(ReturnHow h) {
+  return h == ReturnHow::kBroken || h == ReturnHow::kLost ||
+         h == ReturnHow::kCheck;
+}
+
+struct Return {
+  uint64_t lease = 0;
+  ReturnHow how = ReturnHow::kIdle;
+};
+
+struct Returned {
+  uint64_t lease = 0;
+  Failure failure = Failure::kNone;
+  std::string text;  // how it died / why it was lost / the memory limit note
+};
+
 // Largest frame either side accepts (a body of 64 MiB and its headers).
 inline constexpr uint32_t kMaxFrameBytes = (64u << 20) + (1u << 20);
 
@@ -114,6 +183,13 @@ void AppendReply(std::string* out, const Reply& r);  // kReply or kReplyHead
 void AppendBodyPart(std::string* out, std::string_view bytes);
 void AppendBodyEnd(std::string* out, std::string_view bytes);
 
+void AppendLeaseAsk(std::string* out, const LeaseAsk& a);
+void AppendLeased(std::string* out, const Leased& l);
+void AppendNoLease(std::string* out, uint64_t ask);
+void AppendReturn(std::string* out, const Return& r);
+void AppendReturned(std::string* out, const Returned& r);
+void AppendRecall(std::string* out, uint64_t lease);
+
 // Parse a frame's payload (after the length prefix). False when it is not a
 // well-formed frame of that kind.
 bool ParseHello(std::string_view payload, std::string_view* key);
@@ -123,6 +199,12 @@ bool ParseBodyPart(std::string_view payload, std::string_view* bytes);
 // A part of a streamed request body: a kBodyPart, or a kBodyEnd (`last`).
 bool ParseRequestPart(std::string_view payload, std::string_view* bytes,
                       bool* last);
+bool ParseLeaseAsk(std::string_view payload, LeaseAsk* a);
+bool ParseLeased(std::string_view payload, Leased* l);
+bool ParseNoLease(std::string_view payload, uint64_t* ask);
+bool ParseReturn(std::string_view payload, Return* r);
+bool ParseReturned(std::string_view payload, Returned* r);
+bool ParseRecall(std::string_view payload, uint64_t* lease);
 // A frame's Op byte; 0 for an empty frame.
 inline uint8_t OpOf(std::string_view payload) {
   return payload.empty() ? 0 : static_cast<uint8_t>(payload[0]);
