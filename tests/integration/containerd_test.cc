@@ -162,12 +162,18 @@ TEST_F(ContainerdTest, RunsAContainerToItsExitStatus) {
   EXPECT_EQ(*ids, std::vector<std::string>{"hello"});
   ASSERT_TRUE(client_->Delete("hello").ok());
   EXPECT_TRUE(client_->List()->empty());
-  // The log is whole once the task is deleted: both streams (each in its
-  // order); the root is read-only, /tmp is not.
-  std::string log = ReadFile(spec.log_path);
-  for (const char* line : {"hello from silt\n", "Read-only file system\n",
-                           "root is ro\n", "tmp is rw\n"})
-    EXPECT_TRUE(absl::StrContains(log, line)) << line << " in " << log;
+  // The log has both streams (each in its order); the root is read-only,
+  // /tmp is not. (The shim copies each stream to the file on its own and may
+  // finish the copy after the task is deleted: the log is polled.)
+  std::string log;
+  auto whole = [&] {
+    log = ReadFile(spec.log_path);
+    for (const char* line : {"hello from silt\n", "Read-only file system\n",
+                             "root is ro\n", "tmp is rw\n"})
+      if (!absl::StrContains(log, line)) return false;
+    return true;
+  };
+  EXPECT_TRUE(silt::testing::Eventually(whole)) << log;
   EXPECT_EQ(client_->Delete("hello").code(), absl::StatusCode::kNotFound);
 }
 
