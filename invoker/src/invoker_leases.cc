@@ -83,9 +83,15 @@ call_wire::Returned Invoker::Impl::TakeBack(uint64_t conn,
   const std::string key = Key(pool.spec.namespace_(), pool.spec.name());
   switch (ret.how) {
     case ReturnHow::kIdle:
-    case ReturnHow::kCheck:
+    case ReturnHow::kCheck: {
+      // The gateway's event loop made the channel non-blocking (a flag of
+      // the file both descriptors share); this side's frames block.
+      int flags = fcntl(inst.channel, F_GETFL);
+      if (flags >= 0 && (flags & O_NONBLOCK) != 0)
+        fcntl(inst.channel, F_SETFL, flags & ~O_NONBLOCK);
       Release(pool, std::move(back.lease), /*keep=*/true);
       return out;
+    }
     case ReturnHow::kBroken: {
       Death why;
       {

@@ -694,6 +694,14 @@ TEST_F(FunctionsTest, ALentInstanceComesBackForCallsThroughTheCallPort) {
     EXPECT_EQ(seen, (std::vector<std::string>{"200 slept", "200 slept"}))
         << absl::StrJoin(seen, " | ");
   }
+  // A large upload (streamed: through the call port) to the instance just
+  // lent and recalled: its channel blocks again on the invoker's side.
+  ASSERT_EQ(Invoke("GET", "/function/probe/state").status, 200);
+  std::string big(8 << 20, 'z');
+  big[4321] = 'q';
+  auto r = Invoke("POST", "/function/probe", big);
+  ASSERT_EQ(r.status, 200) << r.body.substr(0, 200);
+  EXPECT_TRUE(r.body == big);
   EXPECT_EQ(Available("probe"), 1u);
 }
 
