@@ -25,7 +25,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "invoker/proto/worker.pb.h"
+#include "invoker/worker_call.h"
 
 namespace silt::gateway {
 namespace {
@@ -39,6 +39,11 @@ using Local = asio::local::stream_protocol;
 
 // Leases of one function version held at most.
 constexpr size_t kMaxPerFunction = 64;
+// A call that finds every lease of its function busy waits this long for
+// one (and at most this many wait), then goes to the call port, where the
+// invoker starts an instance, queues it or refuses it, as for any call.
+constexpr auto kWaitForLease = std::chrono::milliseconds(5);
+constexpr size_t kMaxWaiting = 256;
 // After the invoker had none to lend, the next ask waits this long (the
 // calls meanwhile go to the call port).
 constexpr auto kAskAgainAfter = std::chrono::milliseconds(1);
@@ -53,6 +58,17 @@ const cw::Returned kInvokerGone{.failure = cw::Failure::kCrash,
                                 .text = "ended: its node's invoker went away"};
 
 struct Leased;
+
+// A call waiting for a busy lease of its function.
+struct Waiter {
+  cw::Request* req;  // its owner's, alive until `done` or `elsewhere` runs
+  CallClient::Done done;
+  std::function<void()> elsewhere;
+  Clock::time_point since;
+  asio::io_context* ioc;  // the thread it came on, where it runs
+  std::optional<asio::steady_timer> timer;  // on `ioc`
+  bool taken = false;  // by a lease or `elsewhere` (InstanceLeases::Core::mu)
+};
 
 std::string KeyOf(const cw::Request& r) {
   return absl::StrCat(r.ns, "/", r.name, "/", r.generation);
@@ -83,6 +99,8 @@ struct InstanceLeases::Core : std::enable_shared_from_this<Core> {
   absl::flat_hash_map<std::string, std::vector<std::shared_ptr<Leased>>> idle
       ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, size_t> held_count ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, std::deque<std::shared_ptr<Waiter>>> waiting
+      ABSL_GUARDED_BY(mu);
   std::map<uint64_t, std::shared_ptr<Leased>> held ABSL_GUARDED_BY(mu);
   // Leases given back (or checked) whose answer is awaited: what runs with
   // it, and on which thread.
@@ -117,8 +135,11 @@ struct InstanceLeases::Core : std::enable_shared_from_this<Core> {
   std::string AskLocked(const std::string& key, const std::string& ns,
                         const std::string& name, uint64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // A lease that became free (new, or its call over) joins the idle ones.
+  // A lease that became free (new, or its call over) takes the call that
+  // waited longest for its function, or joins the idle ones.
   void Free(std::shared_ptr<Leased> l);
+  // Sends each of `calls` to the call port, on its own thread.
+  static void Elsewhere(std::deque<std::shared_ptr<Waiter>> calls);
   // Ends lease `l` (its channel closed): `answer` runs, on `ioc`, with the
   // invoker's answer when `how` has one (kInvokerGone when the connection is
   // gone).
@@ -222,17 +243,7 @@ struct Leased : std::enable_shared_from_this<Leased> {
         std::chrono::duration_cast<std::chrono::milliseconds>(waited).count();
     const auto left = static_cast<uint32_t>(
         std::max<int64_t>(1, int64_t{call_ms} - waited_ms));
-    v1::WorkerCall call;
-    call.set_call_id(std::move(req.call_id));
-    call.set_method(std::move(req.method));
-    call.set_path(std::move(req.path));
-    call.set_query(std::move(req.query));
-    for (auto& [k, v] : req.headers) {
-      auto* h = call.add_headers();
-      h->set_name(std::move(k));
-      h->set_value(std::move(v));
-    }
-    call.set_body(std::move(req.body));
+    v1::WorkerCall call = invoker::TakeWorkerCall(req);
     call.set_timeout_ms(left);
     out.assign(4, '\0');
     call.AppendToString(&out);
@@ -498,20 +509,64 @@ void InstanceLeases::Core::Free(std::shared_ptr<Leased> l) {
     l->ended = true;
     return GiveBack(*l, cw::ReturnHow::kIdle);
   }
-  idle[l->key].push_back(std::move(l));
-  ArmSweepLocked();
+  auto w = waiting.find(l->key);
+  if (w == waiting.end() || w->second.empty()) {
+    idle[l->key].push_back(std::move(l));
+    ArmSweepLocked();
+    return;
+  }
+  std::shared_ptr<Waiter> next = std::move(w->second.front());
+  w->second.pop_front();
+  if (w->second.empty()) waiting.erase(w);
+  next->taken = true;
+  g.unlock();
+  auto run = [l, next] {
+    next->timer->cancel();
+    l->Start(*next->ioc, *next->req, std::move(next->done),
+             Clock::now() - next->since);
+  };
+  if (next->ioc->get_executor().running_in_this_thread()) return run();
+  // Its channel leaves this thread's io_context here, where nothing is
+  // pending on it, and joins the waiter's there.
+  if (l->sock) {
+    ErrorCode ec;
+    l->timer.reset();
+    l->fd = l->sock->release(ec);
+    l->sock.reset();
+    l->ioc = nullptr;
+    if (ec) l->fd = -1;
+  }
+  asio::post(*next->ioc, std::move(run));
+}
+
+void InstanceLeases::Core::Elsewhere(
+    std::deque<std::shared_ptr<Waiter>> calls) {
+  for (auto& w : calls)
+    asio::post(*w->ioc, [w] {
+      w->timer->cancel();
+      w->elsewhere();
+    });
 }
 
 void InstanceLeases::Core::GiveBack(Leased& l, cw::ReturnHow how,
                                     std::function<void(cw::Returned)> answer,
                                     asio::io_context* ioc) {
   l.Close();
+  std::deque<std::shared_ptr<Waiter>> orphans;
   {
     std::lock_guard<std::mutex> g(mu);
-    if (held.erase(l.id) > 0) --held_count[l.key];
+    // The calls that wait for its function, with no lease of it left.
+    if (held.erase(l.id) > 0 && --held_count[l.key] == 0) {
+      if (auto w = waiting.find(l.key); w != waiting.end()) {
+        orphans = std::move(w->second);
+        waiting.erase(w);
+        for (auto& c : orphans) c->taken = true;
+      }
+    }
     awaiting.erase(l.id);  // (a kCheck's, for a call that timed out)
     if (answer && !down) awaiting[l.id] = {answer, ioc};
   }
+  Elsewhere(std::move(orphans));
   std::string frame;
   cw::AppendReturn(&frame, {.lease = l.id, .how = how});
   bool sent = !down && Send(frame);
@@ -568,9 +623,16 @@ void InstanceLeases::Core::Sweep() {
 void InstanceLeases::Core::LinkDown() {
   std::vector<std::shared_ptr<Leased>> idle_ones;
   absl::flat_hash_map<uint64_t, Answer> answers;
+  std::deque<std::shared_ptr<Waiter>> calls;
   {
     std::lock_guard<std::mutex> g(mu);
     down = true;
+    for (auto& [key, v] : waiting)
+      for (auto& w : v) {
+        w->taken = true;
+        calls.push_back(std::move(w));
+      }
+    waiting.clear();
     for (auto& [key, v] : idle)
       for (auto& l : v) idle_ones.push_back(std::move(l));
     idle.clear();
@@ -582,6 +644,7 @@ void InstanceLeases::Core::LinkDown() {
   }
   for (auto& [lease, a] : answers)
     asio::post(*a.ioc, [fn = std::move(a.fn)] { fn(kInvokerGone); });
+  Elsewhere(std::move(calls));
 }
 
 void InstanceLeases::Core::Handle(std::string_view frame,
@@ -757,27 +820,65 @@ void InstanceLeases::Close() {
   shutdown(core_->fd, SHUT_RDWR);
 }
 
-bool InstanceLeases::TryCall(cw::Request& req, CallClient::Done& done) {
-  if (core_->down.load(std::memory_order_relaxed)) return false;
+InstanceLeases::Took InstanceLeases::TryCall(cw::Request& req,
+                                             CallClient::Done& done,
+                                             std::function<void()>& elsewhere) {
+  if (core_->down.load(std::memory_order_relaxed)) return Took::kNo;
   asio::io_context* here = core_->ContextHere();
-  if (here == nullptr) return false;
+  if (here == nullptr) return Took::kNo;
   std::string key = KeyOf(req);
   std::shared_ptr<Leased> l;
+  std::shared_ptr<Waiter> w;
   {
     std::lock_guard<std::mutex> g(core_->mu);
-    auto it = core_->idle.find(key);
-    if (core_->down || it == core_->idle.end() || it->second.empty())
-      return false;
-    // One this thread had last, if any (its channel stays put).
-    auto& v = it->second;
-    auto mine = std::find_if(v.rbegin(), v.rend(),
-                             [here](const auto& c) { return c->ioc == here; });
-    auto at = mine != v.rend() ? std::next(mine).base() : v.end() - 1;
-    l = std::move(*at);
-    v.erase(at);
+    if (core_->down) return Took::kNo;
+    if (auto it = core_->idle.find(key);
+        it != core_->idle.end() && !it->second.empty()) {
+      // One this thread had last, if any (its channel stays put).
+      auto& v = it->second;
+      auto mine = std::find_if(v.rbegin(), v.rend(), [here](const auto& c) {
+        return c->ioc == here;
+      });
+      auto at = mine != v.rend() ? std::next(mine).base() : v.end() - 1;
+      l = std::move(*at);
+      v.erase(at);
+    } else if (auto held = core_->held_count.find(key);
+               held != core_->held_count.end() && held->second > 0 &&
+               core_->waiting[key].size() < kMaxWaiting) {
+      // Every lease of it is busy: the call waits for one, a while.
+      w = std::make_shared<Waiter>();
+      w->req = &req;
+      w->done = std::move(done);
+      w->elsewhere = std::move(elsewhere);
+      w->since = Clock::now();
+      w->ioc = here;
+      w->timer.emplace(*here);
+      core_->waiting[key].push_back(w);
+    } else {
+      return Took::kNo;
+    }
   }
-  l->Start(*here, req, std::move(done));
-  return true;
+  if (l) {
+    l->Start(*here, req, std::move(done));
+    return Took::kStarted;
+  }
+  w->timer->expires_after(kWaitForLease);
+  w->timer->async_wait([core = core_, w, key](ErrorCode ec) {
+    if (ec) return;
+    {
+      std::lock_guard<std::mutex> g(core->mu);
+      if (w->taken) return;
+      w->taken = true;
+      auto it = core->waiting.find(key);
+      if (it != core->waiting.end()) {
+        auto& v = it->second;
+        v.erase(std::remove(v.begin(), v.end(), w), v.end());
+        if (v.empty()) core->waiting.erase(it);
+      }
+    }
+    w->elsewhere();
+  });
+  return Took::kWaits;
 }
 
 void InstanceLeases::AskAfterCall(const std::string& ns,

@@ -6,9 +6,11 @@
 // writing the instance's frame (worker.proto) to its channel and reading the
 // answer on that same thread: the invoker is not on the path, so a warm call
 // crosses the same processes as one nginx hop (client, gateway, instance).
-// What the lease path does not take goes to the call port (call_client.h),
-// where the invoker queues it or starts an instance as for any call: a call
-// that finds no idle lease (a lease is asked for after it), a streamed
+// A call that finds every lease of its function busy waits for one, a few
+// milliseconds at most. What the lease path does not take goes to the call
+// port (call_client.h), where the invoker queues it or starts an instance as
+// for any call: a call to a function with no lease or whose wait ran out (a
+// lease is asked for after it), a streamed
 // request body, a forced cold start. A lease is given back after kIdleHold
 // without a call, when the invoker recalls it (a call through the call port
 // waits for an instance) and when its instance breaks.
@@ -18,6 +20,7 @@
 #define SILT_GATEWAY_INSTANCE_LEASES_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,12 +51,19 @@ class InstanceLeases {
   InstanceLeases(const InstanceLeases&) = delete;
   InstanceLeases& operator=(const InstanceLeases&) = delete;
 
-  // Runs `req` (a whole-body request, cold start kAny) on an idle instance
-  // of its function version leased here: true, and `done` runs once, as
-  // CallClient::Call's does (a 502 saying why when the instance died;
-  // DeadlineExceeded past the function's time). False when none is idle
-  // (or this thread runs none of the io_contexts): nothing is touched.
-  bool TryCall(invoker::call_wire::Request& req, CallClient::Done& done);
+  // Runs `req` (a whole-body request, cold start kAny) on an instance of its
+  // function version leased here. kStarted: on an idle one, at once. kWaits:
+  // every lease of it is busy, and the call waits for one, at most
+  // kWaitForLease (5 ms), then `elsewhere` runs instead (the call port,
+  // where the invoker starts an instance, queues the call or refuses it).
+  // Either way `done` runs once, as CallClient::Call's does (a 502 saying
+  // why when the instance died; DeadlineExceeded past the function's time),
+  // unless `elsewhere` runs; `req` must live until one of them has. kNo:
+  // none is leased (or this thread runs none of the io_contexts), and
+  // nothing is touched.
+  enum class Took { kNo, kStarted, kWaits };
+  Took TryCall(invoker::call_wire::Request& req, CallClient::Done& done,
+               std::function<void()>& elsewhere);
 
   // A call of the function version went through the call port and was
   // answered: its instance is idle on the node now, and a lease of it is

@@ -81,18 +81,30 @@ void NodeRegistry::Impl::Dispatch(std::shared_ptr<Call> call) {
 
 void NodeRegistry::Impl::Send(std::shared_ptr<Call> call) {
   if (!call->frame) {
-    // Straight to an idle instance leased from the node (one on this
-    // machine); otherwise to its call port.
+    // Straight to an instance leased from the node (one on this machine),
+    // idle or soon; otherwise to its call port.
     if (call->node->leases && !call->request.head &&
         call->request.cold_start == cw::ColdStart::kAny) {
       CallClient::Done done = [this, call](absl::StatusOr<cw::Reply> r,
                                            std::shared_ptr<BodyStream> rest) {
         OnDone(call, r, std::move(rest));
       };
-      if (call->node->leases->TryCall(call->request, done)) {
-        call->leased = true;
-        if (metrics) metrics->CallPath(true);
-        return;
+      // (A call that waited for a busy lease in vain: its call port.)
+      std::function<void()> elsewhere = [this, call] {
+        call->leased = false;
+        SendToPort(call);
+      };
+      switch (call->node->leases->TryCall(call->request, done, elsewhere)) {
+        case InstanceLeases::Took::kStarted:
+          if (metrics) metrics->CallPath(true);
+          call->leased = true;
+          return;
+        case InstanceLeases::Took::kWaits:
+          call->leased = true;
+          call->lease_waited = true;  // counted once it has its answer
+          return;
+        case InstanceLeases::Took::kNo:
+          break;
       }
     }
   }
@@ -169,6 +181,7 @@ void NodeRegistry::Impl::OnDone(std::shared_ptr<Call> call,
     call->node.reset();
     return Dispatch(std::move(call));
   }
+  if (call->lease_waited && call->leased && metrics) metrics->CallPath(true);
   if (!s.ok()) return call->done(s);
   if (call->node->leases && !call->leased &&
       call->call.cold_start == cw::ColdStart::kAny)

@@ -293,6 +293,7 @@ struct NodeRegistry::Impl final : public control::Control::Service {
     std::shared_ptr<const std::string> frame;
     bool with_spec = false;
     bool leased = false;  // it ran on a leased instance (instance_leases.h)
+    bool lease_waited = false;  // it waited for a busy lease first
     std::vector<std::string> tried;
   };
   // Calls that came while no node could take them in the first moments after

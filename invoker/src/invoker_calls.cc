@@ -1,5 +1,6 @@
 // The call path: pools, taking and giving back instances, running a call or
 // a compute share in one, the Invoker service's logs.
+#include "invoker/worker_call.h"
 #include "invoker_impl.h"
 
 namespace silt::invoker {
@@ -314,17 +315,7 @@ void Invoker::Impl::Call(call_wire::Request& req, RequestBody* body,
     inst = *std::move(taken);
   }
 
-  v1::WorkerCall call;
-  call.set_call_id(std::move(req.call_id));
-  call.set_method(std::move(req.method));
-  call.set_path(std::move(req.path));
-  call.set_query(std::move(req.query));
-  for (auto& [k, v] : req.headers) {
-    auto* h = call.add_headers();
-    h->set_name(std::move(k));
-    h->set_value(std::move(v));
-  }
-  call.set_body(std::move(req.body));
+  v1::WorkerCall call = TakeWorkerCall(req);
   v1::WorkerReply reply;
   Death why;
   res->tier = tier;
