@@ -1,6 +1,7 @@
 // The call port's frames (invoker/call_wire.h): what the gateway sends an
-// invoker and what comes back. Whatever the bytes, a parser says yes or no,
-// never crashes; a frame it accepts, written out again, reads back the same.
+// invoker and what comes back, and the lease port's. Whatever the bytes, a
+// parser says yes or no, never crashes; a frame it accepts, written out again,
+// reads back the same.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -63,6 +64,42 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       cw::AppendBodyPart(&again, part);
     }
+    Check(Payload(again) == in);
+  }
+  // Leases.
+  cw::LeaseAsk ask;
+  if (cw::ParseLeaseAsk(in, &ask)) {
+    std::string again;
+    cw::AppendLeaseAsk(&again, ask);
+    Check(Payload(again) == in);
+  }
+  cw::Leased leased;
+  if (cw::ParseLeased(in, &leased)) {
+    std::string again;
+    cw::AppendLeased(&again, leased);
+    Check(Payload(again) == in);
+  }
+  uint64_t id;
+  if (cw::ParseNoLease(in, &id)) {
+    std::string again;
+    cw::AppendNoLease(&again, id);
+    Check(Payload(again) == in);
+  }
+  if (cw::ParseRecall(in, &id)) {
+    std::string again;
+    cw::AppendRecall(&again, id);
+    Check(Payload(again) == in);
+  }
+  cw::Return ret;
+  if (cw::ParseReturn(in, &ret)) {
+    std::string again;
+    cw::AppendReturn(&again, ret);
+    Check(Payload(again) == in);
+  }
+  cw::Returned returned;
+  if (cw::ParseReturned(in, &returned)) {
+    std::string again;
+    cw::AppendReturned(&again, returned);
     Check(Payload(again) == in);
   }
   return 0;
