@@ -34,6 +34,9 @@ class io_context;
 }  // namespace boost::asio
 
 namespace silt::gateway {
+namespace leases {
+struct Core;  // the lease connection and the leases (instance_leases_impl.h)
+}  // namespace leases
 
 class InstanceLeases {
  public:
@@ -53,14 +56,14 @@ class InstanceLeases {
 
   // Runs `req` (a whole-body request, cold start kAny) on an instance of its
   // function version leased here. kStarted: on an idle one, at once. kWaits:
-  // every lease of it is busy, and the call waits for one, at most
-  // kWaitForLease (5 ms), then `elsewhere` runs instead (the call port,
+  // every lease of it is busy (or one is asked for), and the call waits for
+  // one, at most 5 ms, then `elsewhere` runs instead (the call port,
   // where the invoker starts an instance, queues the call or refuses it).
   // Either way `done` runs once, as CallClient::Call's does (a 502 saying
   // why when the instance died; DeadlineExceeded past the function's time),
   // unless `elsewhere` runs; `req` must live until one of them has. kNo:
-  // none is leased (or this thread runs none of the io_contexts), and
-  // nothing is touched.
+  // none is leased or asked for (or this thread runs none of the
+  // io_contexts), and nothing is touched.
   enum class Took { kNo, kStarted, kWaits };
   Took TryCall(invoker::call_wire::Request& req, CallClient::Done& done,
                std::function<void()>& elsewhere);
@@ -77,11 +80,9 @@ class InstanceLeases {
   // flight on leases break). Later TryCalls say false. Idempotent.
   void Close();
 
-  struct Core;  // the lease connection and the leases
-
  private:
-  explicit InstanceLeases(std::shared_ptr<Core> core);
-  const std::shared_ptr<Core> core_;
+  explicit InstanceLeases(std::shared_ptr<leases::Core> core);
+  const std::shared_ptr<leases::Core> core_;
 };
 
 }  // namespace silt::gateway
