@@ -84,15 +84,19 @@ void Core::Free(std::shared_ptr<Leased> l) {
   if (next->ioc->get_executor().running_in_this_thread()) return run();
   // Its channel leaves this thread's io_context here, where nothing is
   // pending on it, and joins the waiter's there.
-  if (l->sock) {
-    ErrorCode ec;
-    l->timer.reset();
-    l->fd = l->sock->release(ec);
-    l->sock.reset();
-    l->ioc = nullptr;
-    if (ec) l->fd = -1;
-  }
+  l->Unbind();
   asio::post(*next->ioc, std::move(run));
+}
+
+std::deque<std::shared_ptr<Waiter>> Core::TakeWaitersLocked(
+    const std::string& key) {
+  std::deque<std::shared_ptr<Waiter>> calls;
+  if (auto w = waiting.find(key); w != waiting.end()) {
+    calls = std::move(w->second);
+    waiting.erase(w);
+    for (auto& c : calls) c->taken = true;
+  }
+  return calls;
 }
 
 void Core::Elsewhere(std::deque<std::shared_ptr<Waiter>> calls) {
@@ -112,11 +116,7 @@ void Core::GiveBack(Leased& l, cw::ReturnHow how,
     std::lock_guard<std::mutex> g(mu);
     // The calls that wait for its function, with no lease of it left.
     if (held.erase(l.id) > 0 && --held_count[l.key] == 0) {
-      if (auto w = waiting.find(l.key); w != waiting.end()) {
-        orphans = std::move(w->second);
-        waiting.erase(w);
-        for (auto& c : orphans) c->taken = true;
-      }
+      orphans = TakeWaitersLocked(l.key);
     }
     awaiting.erase(l.id);  // (a kCheck's, for a call that timed out)
     if (answer && !down) awaiting[l.id] = {answer, ioc};
@@ -240,13 +240,7 @@ void Core::Handle(std::string_view frame, std::deque<int>& fds) {
         asking.erase(key);
         ask_after[key] = Clock::now() + kAskAgainAfter;
         // Calls that waited for this one, with no lease of theirs held.
-        if (held_count[key] == 0) {
-          if (auto w = waiting.find(key); w != waiting.end()) {
-            orphans = std::move(w->second);
-            waiting.erase(w);
-            for (auto& c : orphans) c->taken = true;
-          }
-        }
+        if (held_count[key] == 0) orphans = TakeWaitersLocked(key);
       }
       Elsewhere(std::move(orphans));
       return;

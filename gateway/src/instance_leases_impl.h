@@ -116,6 +116,9 @@ struct Core : std::enable_shared_from_this<Core> {
   // A lease that became free (new, or its call over) takes the call that
   // waited longest for its function, or joins the idle ones.
   void Free(std::shared_ptr<Leased> l);
+  // The calls waiting for `key`'s leases, taken off the queue.
+  std::deque<std::shared_ptr<Waiter>> TakeWaitersLocked(const std::string& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Sends each of `calls` to the call port, on its own thread.
   static void Elsewhere(std::deque<std::shared_ptr<Waiter>> calls);
   // Ends lease `l` (its channel closed): `answer` runs, on `ioc`, with the
@@ -174,6 +177,8 @@ struct Leased : std::enable_shared_from_this<Leased> {
   // Registers the channel with `on` (this thread's), moving it from the
   // io_context that had it (no operation is pending on it then).
   bool Bind(asio::io_context& on);
+  // Takes the channel off the io_context that has it (nothing pending).
+  void Unbind();
   void Close();
 
   // `waited`: how long the call waited for this lease (its time counts).

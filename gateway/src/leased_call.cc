@@ -17,16 +17,21 @@ constexpr uint32_t kMaxReplyFrame = 256u << 20;
 
 }  // namespace
 
+void Leased::Unbind() {
+  if (!sock) return;
+  ErrorCode ec;
+  timer.reset();
+  fd = sock->release(ec);
+  sock.reset();
+  ioc = nullptr;
+  if (ec) fd = -1;
+}
+
 bool Leased::Bind(asio::io_context& on) {
   if (ioc == &on && sock) return true;
-  ErrorCode ec;
-  if (sock) {
-    timer.reset();
-    fd = sock->release(ec);
-    sock.reset();
-    if (ec) fd = -1;
-  }
+  Unbind();
   if (fd < 0) return false;
+  ErrorCode ec;
   sock.emplace(on);
   sock->assign(Local(), fd, ec);
   if (ec) {
