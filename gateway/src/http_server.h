@@ -1,5 +1,6 @@
-// An HTTP/1.1 server on Boost.Beast: one acceptor, one strand per connection,
-// on caller-owned io_contexts (connections are dealt to them in turn).
+// An HTTP/1.1 server on Boost.Beast: one acceptor, on caller-owned
+// io_contexts, each run by one thread (connections are dealt to them in turn;
+// a connection's handlers run on its context's thread).
 // Private to the gateway (only gateway.cc includes it).
 #ifndef SILT_GATEWAY_HTTP_SERVER_H_
 #define SILT_GATEWAY_HTTP_SERVER_H_
@@ -43,7 +44,7 @@ std::string FormatEndpoint(const boost::asio::ip::tcp::endpoint& ep);
 class HttpServer {
  public:
   // Accepts on the first of `contexts` (at least one); each connection runs
-  // on one of them, in turn.
+  // on one of them, in turn. Each context must be run by one thread.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Listen(
       const std::vector<boost::asio::io_context*>& contexts,
       absl::string_view listen, HttpServerOptions options, Handler handler);

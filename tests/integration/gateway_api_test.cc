@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -661,6 +662,90 @@ TEST_F(GatewayApiTest, MalformedHttpClosesOnlyThatConnection) {
   close(bad);
   EXPECT_TRUE(absl::StartsWith(answer, "HTTP/1.1 400")) << answer;
   EXPECT_EQ(Call("GET", "/system/functions").status, 200);
+}
+
+// Reads one response whose body is framed by Content-Length (the head's
+// headers come back lower-cased in `head`); "" when the connection closed.
+std::string ReadResponse(int fd, std::string* head) {
+  std::string in;
+  char buf[4096];
+  size_t end;
+  while ((end = in.find("\r\n\r\n")) == std::string::npos) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) return "";
+    in.append(buf, static_cast<size_t>(n));
+  }
+  *head = absl::AsciiStrToLower(in.substr(0, end + 2));
+  size_t at = head->find("content-length: ");
+  size_t len = 0;
+  if (at == std::string::npos ||
+      !absl::SimpleAtoi(head->substr(at + 16, head->find("\r\n", at) - at - 16),
+                        &len))
+    return "";
+  std::string body = in.substr(end + 4);
+  while (body.size() < len) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    body.append(buf, static_cast<size_t>(n));
+  }
+  return body;
+}
+
+// What a response says of its connection and its length, as HTTP/1.0 and
+// 1.1 clients expect: kept alive by default on 1.1 and only when asked on
+// 1.0, closed when asked, and HEAD with the GET's length and no body.
+TEST_F(GatewayApiTest, ResponsesFrameTheirConnectionAsTheClientAsked) {
+  const std::string get = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  int fd = Connect(gw_->url());
+  std::string head;
+  for (int i = 0; i < 2; ++i) {  // two on one connection
+    ASSERT_EQ(write(fd, get.data(), get.size()),
+              static_cast<ssize_t>(get.size()));
+    EXPECT_EQ(ReadResponse(fd, &head), "OK\n");
+    EXPECT_TRUE(absl::StartsWith(head, "http/1.1 200 ok\r\n")) << head;
+    EXPECT_FALSE(absl::StrContains(head, "connection:")) << head;
+  }
+  const std::string head_req = "HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(write(fd, head_req.data(), head_req.size()),
+            static_cast<ssize_t>(head_req.size()));
+  ASSERT_EQ(write(fd, get.data(), get.size()),  // right behind it
+            static_cast<ssize_t>(get.size()));
+  // HEAD: the GET's length, no body (what follows is the next response).
+  std::string in;
+  char buf[4096];
+  while (!absl::StrContains(in, "\r\n\r\nOK")) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    ASSERT_GT(n, 0) << in;
+    in.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_TRUE(absl::StartsWith(in, "HTTP/1.1 200 OK\r\n")) << in;
+  EXPECT_TRUE(absl::StrContains(in, "Content-Length: 3\r\n\r\nHTTP/1.1 200"))
+      << in;
+  const std::string close_req =
+      "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ASSERT_EQ(write(fd, close_req.data(), close_req.size()),
+            static_cast<ssize_t>(close_req.size()));
+  EXPECT_EQ(ReadResponse(fd, &head), "OK\n");
+  EXPECT_TRUE(absl::StrContains(head, "connection: close\r\n")) << head;
+  EXPECT_EQ(ReadToClose(fd), "");
+  close(fd);
+
+  fd = Connect(gw_->url());  // HTTP/1.0: kept only when asked
+  const std::string keep =
+      "GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n";
+  ASSERT_EQ(write(fd, keep.data(), keep.size()),
+            static_cast<ssize_t>(keep.size()));
+  EXPECT_EQ(ReadResponse(fd, &head), "OK\n");
+  EXPECT_TRUE(absl::StartsWith(head, "http/1.0 200 ok\r\n")) << head;
+  EXPECT_TRUE(absl::StrContains(head, "connection: keep-alive\r\n")) << head;
+  const std::string once = "GET /nope HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(write(fd, once.data(), once.size()),
+            static_cast<ssize_t>(once.size()));
+  EXPECT_FALSE(ReadResponse(fd, &head).empty());
+  EXPECT_TRUE(absl::StartsWith(head, "http/1.0 404 not found\r\n")) << head;
+  EXPECT_FALSE(absl::StrContains(head, "connection:")) << head;
+  EXPECT_EQ(ReadToClose(fd), "");
+  close(fd);
 }
 
 TEST_F(GatewayApiTest, SlowClientIsCutOffByReadTimeout) {
