@@ -901,6 +901,50 @@ uint64_t Cgroup::MemoryUsage() const {
 
 // ---- SandboxedProcess ----
 
+namespace {
+
+// <linux/pidfd.h> as of Linux 6.15 (PIDFD_INFO_SIZE_VER0), which Debian 12's
+// headers predate.
+struct PidfdInfo {
+  uint64_t mask = 0;
+  uint64_t cgroupid = 0;
+  uint32_t pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid;
+  int32_t exit_code = 0;
+};
+static_assert(sizeof(PidfdInfo) == 64);
+constexpr uint64_t kPidfdInfoExit = 1u << 3;
+constexpr unsigned long kPidfdGetInfo = _IOWR(0xFF, 11, PidfdInfo);
+
+// The wait status an exited clone ended with. Only its parent, inside its
+// sandbox, can wait for it: once the parent has reaped it the kernel keeps
+// the status for holders of its pidfd (PIDFD_INFO_EXIT, Linux 6.15+); until
+// then, a zombie's /proc/PID/stat has it (read between two asks of the
+// pidfd, so that the PID cannot have been reaped and reused meanwhile).
+std::optional<int> CloneExitStatus(int pidfd, pid_t pid) {
+  auto reaped = [pidfd]() -> std::optional<int> {
+    PidfdInfo info;
+    info.mask = kPidfdInfoExit;
+    if (ioctl(pidfd, kPidfdGetInfo, &info) == 0 && (info.mask & kPidfdInfoExit))
+      return info.exit_code;
+    return std::nullopt;
+  };
+  if (auto st = reaped()) return st;
+  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  if (auto st = reaped()) return st;
+  // "pid (comm) state ...": exit_code is the 52nd field, the 50th after comm.
+  size_t close_paren = stat.rfind(')');
+  if (close_paren == std::string::npos) return std::nullopt;
+  std::vector<absl::string_view> f = absl::StrSplit(
+      absl::string_view(stat).substr(close_paren + 1), ' ', absl::SkipEmpty());
+  int code = 0;
+  if (f.size() < 50 || f[0] != "Z" ||
+      !absl::SimpleAtoi(absl::StripAsciiWhitespace(f[49]), &code))
+    return std::nullopt;
+  return code;
+}
+
+}  // namespace
+
 SandboxedProcess::~SandboxedProcess() { Kill(); }
 
 int SandboxedProcess::Kill() {
@@ -911,7 +955,7 @@ int SandboxedProcess::Kill() {
       while (poll(&p, 1, 5000) < 0 && errno == EINTR) {
       }
       reaped_ = true;
-      status_ = SIGKILL;  // a clone's status belongs to its template
+      status_ = CloneExitStatus(pidfd_, pid_).value_or(SIGKILL);
     }
     close(pidfd_);
     pidfd_ = -1;
@@ -932,7 +976,7 @@ std::optional<int> SandboxedProcess::Poll() {
     pollfd p{pidfd_, POLLIN, 0};
     if (poll(&p, 1, 0) == 1) {
       reaped_ = true;
-      status_ = SIGKILL;
+      status_ = CloneExitStatus(pidfd_, pid_).value_or(SIGKILL);
       return status_;
     }
     return std::nullopt;
