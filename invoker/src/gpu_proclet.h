@@ -64,6 +64,9 @@ struct GpuProclets::Proclet {
   // Its process ended (set under mu; read without it: never take mu under
   // GpuProclets::mu_, a move holds mu while it takes mu_).
   std::atomic<bool> lost{false};
+  // ... and a request of its function was answered so (kLost): the next
+  // one gets a fresh proclet.
+  std::atomic<bool> lost_told{false};
   std::string moved_to ABSL_GUARDED_BY(mu);      // it moved there
   std::atomic<bool> moving{false};               // a move is under way
   absl::Mutex info_mu;                           // after mu

@@ -121,7 +121,10 @@ absl::StatusOr<GpuProclets::Held> GpuProclets::Hold(
   {
     absl::MutexLock lock(&mu_);
     if (auto it = proclets_.find(key); it != proclets_.end()) {
-      if (!it->second->lost) return Held{it->second, ""};
+      // A lost one answers its function's next request (kLost, whoever
+      // noticed first: a load report may have); the one after starts a
+      // fresh one (a move or a resize of it fails: kLost).
+      if (!it->second->lost_told) return Held{it->second, ""};
       proclets_.erase(it);  // a fresh one below
     } else if (auto m = moved_.find(key); m != moved_.end()) {
       if (Clock::now() - m->second.second < kMovedKept)
@@ -171,7 +174,9 @@ std::string GpuProclets::ServeHere(const std::string& ns,
         StateCode::kUnavailable,
         absl::StrCat("starting the GPU proclet: ", held.status().message()));
   if (!held->moved_to.empty()) return MovedReply(held->moved_to);
-  return held->proclet->Exchange(op_request);
+  std::string reply = held->proclet->Exchange(op_request);
+  if (held->proclet->lost) held->proclet->lost_told = true;
+  return reply;
 }
 
 std::string GpuProclets::Remote(const std::string& address,
