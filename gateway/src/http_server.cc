@@ -284,14 +284,18 @@ class Session : public std::enable_shared_from_this<Session> {
     if (head_)
       msg->body().clear();  // Content-Length stays that of the GET body.
     stream_.expires_after(options_.write_timeout);
-    http::async_write(stream_, *msg,
-                      [self = shared_from_this(), msg, keep_alive](
-                          beast::error_code ec, size_t) {
-                        if (ec) return self->Close();
-                        if (!keep_alive) return self->LingeringClose();
-                        self->head_ = false;
-                        self->ReadHeader();
-                      });
+    http::async_write(
+        stream_, *msg,
+        [self = shared_from_this(), msg, keep_alive](
+            beast::error_code ec, size_t) { self->Written(ec, keep_alive); });
+  }
+
+  // A whole response is out (or failed): the next request, or the end.
+  void Written(beast::error_code ec, bool keep_alive) {
+    if (ec) return Close();
+    if (!keep_alive) return LingeringClose();
+    head_ = false;
+    ReadHeader();
   }
 
   // A whole response as one gather write of its head (formatted here) and
@@ -334,10 +338,7 @@ class Session : public std::enable_shared_from_this<Session> {
         [self = shared_from_this(), keep_alive](beast::error_code ec, size_t) {
           if (self->body_out_.capacity() > (64 << 10))
             std::string().swap(self->body_out_);
-          if (ec) return self->Close();
-          if (!keep_alive) return self->LingeringClose();
-          self->head_ = false;
-          self->ReadHeader();
+          self->Written(ec, keep_alive);
         });
     return true;
   }

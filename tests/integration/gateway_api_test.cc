@@ -664,6 +664,10 @@ TEST_F(GatewayApiTest, MalformedHttpClosesOnlyThatConnection) {
   EXPECT_EQ(Call("GET", "/system/functions").status, 200);
 }
 
+bool WriteAll(int fd, const std::string& s) {
+  return write(fd, s.data(), s.size()) == static_cast<ssize_t>(s.size());
+}
+
 // Reads one response whose body is framed by Content-Length (the head's
 // headers come back lower-cased in `head`); "" when the connection closed.
 std::string ReadResponse(int fd, std::string* head) {
@@ -699,17 +703,14 @@ TEST_F(GatewayApiTest, ResponsesFrameTheirConnectionAsTheClientAsked) {
   int fd = Connect(gw_->url());
   std::string head;
   for (int i = 0; i < 2; ++i) {  // two on one connection
-    ASSERT_EQ(write(fd, get.data(), get.size()),
-              static_cast<ssize_t>(get.size()));
+    ASSERT_TRUE(WriteAll(fd, get));
     EXPECT_EQ(ReadResponse(fd, &head), "OK\n");
     EXPECT_TRUE(absl::StartsWith(head, "http/1.1 200 ok\r\n")) << head;
     EXPECT_FALSE(absl::StrContains(head, "connection:")) << head;
   }
   const std::string head_req = "HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
-  ASSERT_EQ(write(fd, head_req.data(), head_req.size()),
-            static_cast<ssize_t>(head_req.size()));
-  ASSERT_EQ(write(fd, get.data(), get.size()),  // right behind it
-            static_cast<ssize_t>(get.size()));
+  ASSERT_TRUE(WriteAll(fd, head_req));
+  ASSERT_TRUE(WriteAll(fd, get));  // right behind it
   // HEAD: the GET's length, no body (what follows is the next response).
   std::string in;
   char buf[4096];
@@ -723,8 +724,7 @@ TEST_F(GatewayApiTest, ResponsesFrameTheirConnectionAsTheClientAsked) {
       << in;
   const std::string close_req =
       "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-  ASSERT_EQ(write(fd, close_req.data(), close_req.size()),
-            static_cast<ssize_t>(close_req.size()));
+  ASSERT_TRUE(WriteAll(fd, close_req));
   EXPECT_EQ(ReadResponse(fd, &head), "OK\n");
   EXPECT_TRUE(absl::StrContains(head, "connection: close\r\n")) << head;
   EXPECT_EQ(ReadToClose(fd), "");
@@ -733,14 +733,12 @@ TEST_F(GatewayApiTest, ResponsesFrameTheirConnectionAsTheClientAsked) {
   fd = Connect(gw_->url());  // HTTP/1.0: kept only when asked
   const std::string keep =
       "GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n";
-  ASSERT_EQ(write(fd, keep.data(), keep.size()),
-            static_cast<ssize_t>(keep.size()));
+  ASSERT_TRUE(WriteAll(fd, keep));
   EXPECT_EQ(ReadResponse(fd, &head), "OK\n");
   EXPECT_TRUE(absl::StartsWith(head, "http/1.0 200 ok\r\n")) << head;
   EXPECT_TRUE(absl::StrContains(head, "connection: keep-alive\r\n")) << head;
   const std::string once = "GET /nope HTTP/1.0\r\n\r\n";
-  ASSERT_EQ(write(fd, once.data(), once.size()),
-            static_cast<ssize_t>(once.size()));
+  ASSERT_TRUE(WriteAll(fd, once));
   EXPECT_FALSE(ReadResponse(fd, &head).empty());
   EXPECT_TRUE(absl::StartsWith(head, "http/1.0 404 not found\r\n")) << head;
   EXPECT_FALSE(absl::StrContains(head, "connection:")) << head;
