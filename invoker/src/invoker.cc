@@ -105,9 +105,10 @@ Invoker::Impl::~Impl() {
   {
     std::lock_guard<std::mutex> l(stop_mu);
     stopping = true;
+    // (Ends a connection attempt the gateway is not answering.)
+    if (connect_ctx) connect_ctx->TryCancel();
   }
   stop_cv.notify_all();
-  if (auto* c = connect_ctx.load()) c->TryCancel();
   // A move in progress would hold the server's shutdown until it ends.
   if (proclet_host) proclet_host->StopMoves();
   if (server)

@@ -257,8 +257,13 @@ void Invoker::Impl::ConnectLoop() {
   int backoff_ms = 100;
   while (!Stopping()) {
     grpc::ClientContext ctx;
-    connect_ctx = &ctx;
-    if (Stopping()) break;
+    {
+      // Under stop_mu, as is clearing it below: ~Impl cancels the context
+      // it finds here, and must never find one that is being destroyed.
+      std::lock_guard<std::mutex> l(stop_mu);
+      if (stopping) break;
+      connect_ctx = &ctx;
+    }
     auto stream = control->Connect(&ctx);
     control::NodeMessage hello;
     auto* reg = hello.mutable_register_();
@@ -343,7 +348,10 @@ void Invoker::Impl::ConnectLoop() {
       reader.join();
     }
     grpc::Status st = stream->Finish();
-    connect_ctx = nullptr;
+    {
+      std::lock_guard<std::mutex> l(stop_mu);
+      connect_ctx = nullptr;
+    }
     if (!Stopping()) {
       fprintf(stderr,
               "silt-invoker: connection to the gateway at %s ended (%s); "

@@ -447,8 +447,10 @@ struct Invoker::Impl final : public v1::Invoker::Service {
   std::thread reaper;
   std::thread tender;      // keeps ready restorers (TendLoop)
   bool tend_kick = false;  // under stop_mu: a restorer was taken
-  std::atomic<grpc::ClientContext*> connect_ctx{nullptr};
-  grpc::ClientContext* drain_ctx = nullptr;  // under stop_mu: a Drain() call
+  // Under stop_mu: the gateway connection's call (ConnectLoop) and a
+  // Drain() call, cancelled when the invoker stops.
+  grpc::ClientContext* connect_ctx = nullptr;
+  grpc::ClientContext* drain_ctx = nullptr;
   ~Impl() override;
 
   bool Stopping();

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -83,7 +84,12 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
     if (n < 0)
       return absl::ResourceExhaustedError("no free test subnet in 198.18/15");
     c->subnet_ = absl::StrCat("198.", 18 + n / 256, ".", n % 256, ".");
-    c->prefix_ = absl::StrCat("s", getpid() % 100000);
+    // Links and namespaces are named per cluster, not per process: the
+    // kernel takes a deleted namespace's veth away asynchronously, and the
+    // next test's cluster in this process must not trip over it.
+    static std::atomic<int> clusters{0};
+    c->prefix_ = absl::StrCat("s", getpid() % 100000,
+                              std::string(1, 'a' + clusters++ % 26));
     if (auto s = c->CreateBridge(); !s.ok()) return s;
     grpc_listen = c->subnet_ + "1:0";
   }

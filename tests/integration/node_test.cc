@@ -272,8 +272,9 @@ TEST_F(NodeTest, SecondSignalDuringADrainStopsAtOnce) {
 // --cpus and --memory are enforced on the node's instances together by their
 // parent cgroup; an instance's own limits stay below it.
 TEST_F(NodeTest, CapacityIsEnforcedByTheInstancesParentCgroup) {
-  ASSERT_TRUE(
-      cluster_->AddNode({.name = "node-a", .cpus = 1, .memory_mib = 256}).ok());
+  auto added =
+      cluster_->AddNode({.name = "node-a", .cpus = 1, .memory_mib = 256});
+  ASSERT_TRUE(added.ok()) << added;
   ASSERT_TRUE(cluster_->WaitNodes(1).ok());
   // The parent cgroup: silt/<node id> below the invoker's own cgroup.
   std::string id = ReadFile(dir_ + "/node-a/node-id");
