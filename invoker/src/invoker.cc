@@ -1,6 +1,7 @@
 #include "invoker/invoker.h"
 
 #include "invoker_impl.h"
+#include "seccomp_policy.h"
 
 namespace silt::invoker {
 

@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "sandbox.h"
+#include "cgroup.h"
 
 namespace silt::invoker {
 namespace {
@@ -24,11 +24,7 @@ absl::StatusOr<std::unique_ptr<NodeCgroup>> NodeCgroup::Create(
     const std::string& name, uint64_t memory_bytes, uint64_t cpu_millis) {
   std::unique_ptr<NodeCgroup> cg(new NodeCgroup());
   auto make = [&](const std::string& dir) -> absl::Status {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec)
-      return absl::PermissionDeniedError(
-          absl::StrCat("cannot create cgroup ", dir, ": ", ec.message()));
+    if (auto s = CreateCgroupDir(dir); !s.ok()) return s;
     cg->dirs_.push_back(dir);
     return absl::OkStatus();
   };
