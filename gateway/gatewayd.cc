@@ -8,8 +8,6 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
-#include "absl/debugging/failure_signal_handler.h"
-#include "absl/debugging/symbolize.h"
 #include "absl/synchronization/mutex.h"
 #include "gateway/gateway.h"
 #include "silt/version.h"
@@ -19,13 +17,6 @@
 #endif
 
 int main(int argc, char** argv) {
-  // A crash (a fault, an abort such as a pure virtual call) prints the
-  // faulting thread's stack to stderr, the log its supervisor keeps, then
-  // dies as it would have. SIGTERM stays ours: blocked below, taken by
-  // sigwait.
-  absl::InitializeSymbolizer(argv[0]);
-  absl::InstallFailureSignalHandler({});
-  signal(SIGTERM, SIG_DFL);
   // Everything the gateway creates (store, keys, credentials, bundles) is for
   // its own user only.
   umask(077);

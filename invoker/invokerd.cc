@@ -11,8 +11,6 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
-#include "absl/debugging/failure_signal_handler.h"
-#include "absl/debugging/symbolize.h"
 #include "absl/synchronization/mutex.h"
 #include "invoker/invoker.h"
 #include "silt/version.h"
@@ -22,13 +20,6 @@
 #endif
 
 int main(int argc, char** argv) {
-  // A crash (a fault, an abort such as a pure virtual call) prints the
-  // faulting thread's stack to stderr, the log its supervisor keeps, then
-  // dies as it would have. SIGTERM stays ours: blocked below, taken by
-  // sigwait.
-  absl::InitializeSymbolizer(argv[0]);
-  absl::InstallFailureSignalHandler({});
-  signal(SIGTERM, SIG_DFL);
   // gRPC's absl::Mutex runs deadlock detection unless told not to: measurable
   // per call.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
