@@ -180,9 +180,9 @@ TEST_F(ContainerdTest, RunsAContainerToItsExitStatus) {
 TEST_F(ContainerdTest, DeletingARunningContainerKillsIt) {
   ASSERT_TRUE(client_->Create(Spec("sleeper", "sleep 600")).ok());
   ASSERT_TRUE(client_->Start("sleeper").ok());
-  EXPECT_EQ(
-      client_->Wait("sleeper", std::chrono::milliseconds(200)).status().code(),
-      absl::StatusCode::kDeadlineExceeded);
+  auto waited = client_->Wait("sleeper", std::chrono::milliseconds(200));
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << waited.status();
   auto deleted = client_->Delete("sleeper");
   ASSERT_TRUE(deleted.ok()) << deleted;
   EXPECT_TRUE(client_->List()->empty());

@@ -261,9 +261,14 @@ absl::StatusOr<uint32_t> Client::Wait(const std::string& id,
   req.set_container_id(id);
   tasks::WaitResponse res;
   auto ctx = impl_->Context(timeout);
-  if (auto s = FromGrpc(impl_->tasks->Wait(ctx.get(), req, &res),
-                        absl::StrCat("waiting for task ", id));
-      !s.ok())
+  grpc::Status st = impl_->tasks->Wait(ctx.get(), req, &res);
+  // containerd sees the deadline too, and its shim's answer to it (UNKNOWN,
+  // "context deadline exceeded" through ttrpc) may come before ours.
+  if (!st.ok() && std::chrono::system_clock::now() >= ctx->deadline())
+    return absl::DeadlineExceededError(
+        absl::StrCat("task ", id, " still running after ", timeout.count(),
+                     " ms (", st.error_message(), ")"));
+  if (auto s = FromGrpc(st, absl::StrCat("waiting for task ", id)); !s.ok())
     return s;
   return res.exit_status();
 }
