@@ -126,7 +126,13 @@ TEST_F(WorkingSetTest, PrefetchSkipsWhatIsCachedAndReadsTheRest) {
   ASSERT_NE(m, MAP_FAILED);
   unsigned char vec[64];
   ASSERT_EQ(mincore(m, 64 * kPage, vec), 0);
-  if ((vec[0] & 1) == 0) {
+  // DONTNEED skips pages it cannot drop at that moment (CI under load: one
+  // range was still cached): the counts below hold where both went.
+  bool dropped = true;
+  for (const FileRange& r : ranges)
+    for (uint64_t p = r.offset / kPage; p < (r.offset + r.len) / kPage; ++p)
+      dropped = dropped && (vec[p] & 1) == 0;
+  if (dropped) {
     EXPECT_EQ(Prefetch(fd, ranges), 24 * kPage);
     // The reads were only started; a read of the range waits for them.
     char buf[kPage];
