@@ -66,6 +66,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// How long after a node last ran a compute proclet a CPU-hot mark still
+// counts as moving compute off it (its jobs' next shares go elsewhere).
+constexpr auto kRecentCompute = std::chrono::seconds(5);
+
 double Ms(Clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
 }
@@ -104,7 +108,13 @@ struct Rebalancer::Impl {
   };
   std::map<std::string, Episode> open;  // by node: pressure not yet relieved
   std::map<std::string, Clock::time_point> cpu_over, memory_over;  // since
-  std::map<std::string, uint32_t> cpu_over_tasks;  // the most seen meanwhile
+  // The most compute proclets each node ran lately, and when it last ran
+  // any (kRecentCompute).
+  struct RecentCompute {
+    uint32_t tasks = 0;
+    Clock::time_point last;
+  };
+  std::map<std::string, RecentCompute> recent_compute;
   std::set<std::string> hot;
   std::map<std::string, Clock::time_point> cool_since;
   // The memory figure a node's moves were planned on: the next plan waits
@@ -190,6 +200,12 @@ struct Rebalancer::Impl {
   void Cpu(const std::vector<NodeLoadView>& nodes, Clock::time_point now) {
     for (const auto& n : nodes) {
       if (n.cores == 0) continue;
+      if (n.tasks > 0) {
+        RecentCompute& rc = recent_compute[n.name];
+        rc.tasks = now - rc.last > kRecentCompute ? n.tasks
+                                                  : std::max(rc.tasks, n.tasks);
+        rc.last = now;
+      }
       if (hot.contains(n.name)) {
         // Cool again once other work leaves Silt more than cpu_high.
         if (n.cores - n.cpu_foreign <= options.cpu_high * n.cores) {
@@ -215,17 +231,18 @@ struct Rebalancer::Impl {
                   Taken(options, n);
       if (!over) {
         cpu_over.erase(n.name);
-        cpu_over_tasks.erase(n.name);
         continue;
       }
       auto since = cpu_over.emplace(n.name, now).first->second;
-      // The compute proclets the node ran while over its mark: a hogged
-      // node is slow to start its next share, so the latest figure is often
-      // a gap between two (CI: no compute move recorded for a node that ran
-      // shares all along).
-      uint32_t& tasks = cpu_over_tasks[n.name];
-      tasks = std::max(tasks, n.tasks);
       if (now - since < options.confirm) continue;
+      // The compute proclets the node ran lately, not only at this pulse: a
+      // node whose CPU was taken is slow to start its next share, and the
+      // jobs they belong to would send it more (CI: a node that ran shares
+      // until the hog came showed none at the pulses that confirmed it).
+      uint32_t tasks = 0;
+      if (auto it = recent_compute.find(n.name);
+          it != recent_compute.end() && now - it->second.last <= kRecentCompute)
+        tasks = it->second.tasks;
       std::vector<std::string> to;
       for (const auto& m : nodes)
         if (m.name != n.name && !m.leaving && !hot.contains(m.name) &&
@@ -274,7 +291,7 @@ struct Rebalancer::Impl {
               .ms = ms,
               .detail = "new calls and replicas start there from the "
                         "snapshot; calls running here finish here"});
-      cpu_over_tasks.erase(n.name);
+      recent_compute.erase(n.name);
     }
   }
 
